@@ -1,0 +1,10 @@
+// Registration functions, one per bound header; module.cc calls them in order.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace trillium::bindings {
+
+void bind_block_allocator(pybind11::module_& m);
+
+}  // namespace trillium::bindings

@@ -1,0 +1,15 @@
+// trillium._core: the compiled core. The only translation units that include pybind11 live in
+// cpp/bindings/; everything they bind is framework-free code from cpp/include/trillium/.
+#include <pybind11/pybind11.h>
+
+#include "bindings.h"
+
+#ifndef TRILLIUM_VERSION
+#define TRILLIUM_VERSION "0.0.0"
+#endif
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "trillium compiled core: block allocator (prefix cache and CPU kernels come later)";
+  m.attr("__version__") = TRILLIUM_VERSION;
+  trillium::bindings::bind_block_allocator(m);
+}

@@ -1,0 +1,71 @@
+"""Command line: ``trillium serve`` and ``trillium chat``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import trio
+
+from trillium.config import EngineConfig
+
+
+def _engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="weights, activations and KV dtype")
+    parser.add_argument("--max-running", type=int, default=64, help="requests decoding at once")
+    parser.add_argument("--max-tokens-per-step", type=int, default=2048, help="token budget of one step")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length limit (default: the model's)")
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache size in GiB")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")
+
+
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model, dtype=args.dtype, max_running=args.max_running,
+        max_tokens_per_step=args.max_tokens_per_step, max_model_len=args.max_model_len,
+        kv_cache_gib=args.kv_cache_gib, block_size=args.block_size, num_threads=args.num_threads,
+        served_model_name=getattr(args, "served_model_name", None),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trillium", description="trillium LLM inference server")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
+    _engine_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", default=None, help="model id clients use (default: from the model file)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    chat = sub.add_parser("chat", help="chat with the model in the terminal")
+    _engine_args(chat)
+    chat.add_argument("--system", default=None, help="system prompt")
+    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--temperature", type=float, default=0.7)
+
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from trillium.serve import run_server
+
+        try:
+            config = _engine_config(args)
+        except ValueError as exc:
+            parser.error(str(exc))
+        return run_server(config, host=args.host, port=args.port)
+    if args.command == "chat":
+        logging.basicConfig(level="WARNING")
+        from trillium.chat import run_chat
+
+        return run_chat(_engine_config(args), system=args.system, max_tokens=args.max_tokens,
+                        temperature=args.temperature)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Engine configuration, validated once. Environment variables are read here and nowhere else."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
+
+
+@dataclasses.dataclass
+class EngineConfig:
+    """What to serve and how much memory and batch to give it."""
+
+    model: str | None = None  # GGUF file or Hugging Face directory; None = embedded default
+    dtype: str = "bf16"
+    block_size: int = 16  # tokens per KV block
+    kv_cache_gib: float = 1.0  # KV pool size across all layers
+    max_running: int = 64  # requests decoding at once
+    max_tokens_per_step: int = 2048  # token budget of one step (chunked prefill size)
+    max_model_len: int | None = None  # None = the model's context length
+    served_model_name: str | None = None
+    num_threads: int | None = None  # torch / OpenMP threads; None = TRILLIUM_NUM_THREADS or all cores
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        for name in ("block_size", "max_running", "max_tokens_per_step"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+        if self.num_threads is None and os.environ.get("TRILLIUM_NUM_THREADS"):
+            self.num_threads = int(os.environ["TRILLIUM_NUM_THREADS"])
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]

@@ -1,0 +1,103 @@
+"""ModelRunner: executes one step (a :class:`StepInput`) on the model and samples.
+
+Runs in the scheduler's worker thread. It owns the model, the paged KV cache tensors and
+the per-request sampling generators; it never decides what to run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trillium.engine.sampler import sample
+from trillium.models import ModelConfig
+from trillium.ops.attention import AttentionMetadata
+from trillium.protocol import StepInput, StepOutput
+
+
+def allocate_kv_cache(
+    config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str = "cpu"
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One (K, V) pool per layer, each ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    return [
+        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        for _ in range(config.num_layers)
+    ]
+
+
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers, K and V."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+
+
+class ModelRunner:
+    """Turns step inputs into sampled tokens. Not thread-safe: one step at a time."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: ModelConfig,
+        *,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: str = "cpu",
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.block_size = block_size
+        self.device = device
+        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
+        self._generators: dict[str, torch.Generator] = {}
+
+    @torch.inference_mode()
+    def execute(self, step_input: StepInput) -> StepOutput:
+        for request_id in step_input.finished_request_ids:
+            self._generators.pop(request_id, None)
+        requests = step_input.requests
+        if not requests:
+            return StepOutput([])
+
+        input_ids: list[int] = []
+        positions: list[int] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        for r in requests:
+            n = len(r.token_ids)
+            input_ids.extend(r.token_ids)
+            positions.extend(range(r.start_pos, r.start_pos + n))
+            query_lens.append(n)
+            context_lens.append(r.start_pos + n)
+        meta = AttentionMetadata.build(
+            query_lens, context_lens, [r.block_ids for r in requests], self.block_size, self.device
+        )
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.long, device=self.device),
+            torch.tensor(positions, dtype=torch.long, device=self.device),
+            self.kv_caches,
+            meta,
+        )  # [T, hidden]
+
+        sample_rows = [i for i, r in enumerate(requests) if r.sample]
+        sampled = [-1] * len(requests)
+        if sample_rows:
+            ends = meta.query_start_loc[1:] - 1  # [R] last new token of each request
+            last = ends[torch.tensor(sample_rows, dtype=torch.long)]
+            logits = self.model.compute_logits(hidden.index_select(0, last.to(self.device)))  # [S, V]
+            params = [requests[i].sampling for i in sample_rows]
+            generators = [self._generator(requests[i]) for i in sample_rows]
+            for i, token_id in zip(sample_rows, sample(logits.float().cpu(), params, generators)):
+                sampled[i] = token_id
+        return StepOutput(sampled)
+
+    def _generator(self, request) -> torch.Generator | None:
+        """A per-request generator for seeded requests, so their samples ignore the batch."""
+        seed = request.sampling.seed
+        if seed is None or request.sampling.temperature == 0.0:
+            return None
+        gen = self._generators.get(request.request_id)
+        if gen is None:
+            gen = torch.Generator().manual_seed(seed)
+            self._generators[request.request_id] = gen
+        return gen

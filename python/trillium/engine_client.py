@@ -1,0 +1,137 @@
+"""Wiring: build the model, tokenizer and actors of one engine, and the client API to them.
+
+Both the HTTP server and the offline :class:`trillium.LLM` go through :class:`EngineClient`,
+so they share one scheduler and one request path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+import torch
+import trio
+
+from trillium import _core
+from trillium.config import EngineConfig
+from trillium.engine.runner import ModelRunner, kv_bytes_per_block
+from trillium.models import ModelConfig, default_model_path, load_model
+from trillium.protocol import AbortRequest, AddRequest, SamplingParams, TokenDelta, TokenizeRequest
+from trillium.request_stream import RequestStream
+from trillium.runtime import INBOX_BOUND, TOKENIZER_INBOX_BOUND, Actor, Mailbox, open_inbox
+from trillium.scheduler import SchedulerConfig
+from trillium.scheduler.actor import SchedulerActor, merge_deltas
+from trillium.tokenizer import load_tokenizer
+from trillium.tokenizer.actor import TokenizerActor
+
+log = logging.getLogger("trillium")
+
+
+class EngineOverloaded(Exception):
+    """The scheduler's inbox is full: the caller should retry later (HTTP 429/503)."""
+
+
+class TokenizeError(ValueError):
+    """The prompt could not be rendered or encoded (HTTP 400)."""
+
+
+class Engine:
+    """Loads everything (synchronously, at start-up) and owns the actors' inboxes."""
+
+    def __init__(self, config: EngineConfig, *, progress: bool = True) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        path = config.model or default_model_path()
+        log.info("loading model from %s (%s)", path, config.dtype)
+        self.model, self.model_config = load_model(path, dtype=config.torch_dtype, progress=progress)
+        self.tokenizer = load_tokenizer(path)
+        self.model_name = config.served_model_name or self.model_config.name
+        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
+                                 self.model_config.max_position_embeddings)
+
+        num_blocks = int(config.kv_cache_gib * 2**30) // kv_bytes_per_block(
+            self.model_config, config.block_size, config.torch_dtype
+        )
+        log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, config.block_size, config.kv_cache_gib)
+        self.blocks = _core.BlockAllocator(num_blocks)
+        self.runner = ModelRunner(
+            self.model, self.model_config, num_blocks=num_blocks, block_size=config.block_size,
+            dtype=config.torch_dtype,
+        )
+        self.scheduler_config = SchedulerConfig(
+            block_size=config.block_size,
+            max_running=config.max_running,
+            max_tokens_per_step=config.max_tokens_per_step,
+            max_model_len=self.max_model_len,
+            eos_token_ids=frozenset(self.tokenizer.eos_token_ids),
+        )
+        self._scheduler_send, scheduler_recv = open_inbox(INBOX_BOUND)
+        self._tokenizer_send, tokenizer_recv = open_inbox(TOKENIZER_INBOX_BOUND)
+        self.scheduler = SchedulerActor(self.scheduler_config, self.blocks, self.runner, scheduler_recv)
+        self.tokenizer_actor = TokenizerActor(self.tokenizer, tokenizer_recv)
+        self.client = EngineClient(self)
+
+    def actors(self) -> list[Actor]:
+        """In start order: the tokenizer and scheduler before anything that sends to them."""
+        return [self.tokenizer_actor, self.scheduler]
+
+
+class EngineClient:
+    """The message API to an engine's actors. Every method runs on the Trio event loop."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name = engine.model_name
+        self.model_config: ModelConfig = engine.model_config
+        self.max_model_len = engine.max_model_len
+        self._ids = itertools.count()
+
+    def new_request_id(self, prefix: str = "req") -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    async def tokenize(self, *, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+        """Encode a prompt (raw text or chat messages). Raises TokenizeError or EngineOverloaded."""
+        send, recv = trio.open_memory_channel(1)
+        try:
+            self._engine._tokenizer_send.send_nowait(TokenizeRequest(prompt=prompt, messages=messages, reply=send))
+        except trio.WouldBlock:
+            raise EngineOverloaded("tokenizer queue is full") from None
+        async with recv:
+            result = await recv.receive()
+        if result.error is not None:
+            raise TokenizeError(result.error)
+        return result.token_ids
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> Mailbox[TokenDelta]:
+        """Queue a request; its deltas arrive in the returned mailbox. Raises EngineOverloaded."""
+        mailbox: Mailbox[TokenDelta] = Mailbox(merge_deltas)
+        message = AddRequest(
+            request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=sampling, reply=mailbox,
+            arrival_time=time.monotonic(),
+        )
+        try:
+            self._engine._scheduler_send.send_nowait(message)
+        except trio.WouldBlock:
+            raise EngineOverloaded("scheduler queue is full") from None
+        return mailbox
+
+    def open_stream(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> RequestStream:
+        """Submit a request and return its text stream. Raises EngineOverloaded."""
+        mailbox = self.submit(request_id, prompt_token_ids, sampling)
+        return RequestStream(self, request_id, len(prompt_token_ids), sampling, mailbox)
+
+    def abort(self, request_id: str, mailbox: Mailbox | None = None) -> None:
+        """Abort without awaiting (safe in ``finally`` blocks). The closed mailbox is the fallback
+        signal: the scheduler also aborts requests whose consumer went away."""
+        if mailbox is not None:
+            mailbox.close_consumer()
+        try:
+            self._engine._scheduler_send.send_nowait(AbortRequest(request_id))
+        except (trio.WouldBlock, trio.ClosedResourceError):
+            pass
+
+    def stats(self) -> dict:
+        return self._engine.scheduler.stats()

@@ -1,0 +1,83 @@
+"""Offline inference: ``LLM().generate(prompts, SamplingParams(...))`` without a server.
+
+The same tokenizer and scheduler actors as the server run inside a private ``trio.run``;
+only the I/O is swapped (mini-sglang's rule: offline = the same scheduler).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import trio
+
+from trillium.config import EngineConfig
+from trillium.engine_client import Engine
+from trillium.protocol import SamplingParams
+from trillium.runtime import INBOX_BOUND
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    """The result of one prompt."""
+
+    prompt: str | list[dict]
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    finish_reason: str
+
+
+class LLM:
+    """An in-process engine. Construction loads the model (default: the embedded SmolLM2)."""
+
+    def __init__(self, model: str | None = None, *, dtype: str = "bf16", progress: bool = True, **engine_args) -> None:
+        self.engine = Engine(EngineConfig(model=model, dtype=dtype, **engine_args), progress=progress)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts: str | Sequence[str], sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
+        """Complete each raw-text prompt; all prompts are batched together by the scheduler."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        return trio.run(self._run_all, [{"prompt": p} for p in prompts], sampling_params or SamplingParams())
+
+    def chat(self, conversations: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
+        """Answer chat conversations (rendered with the model's chat template)."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # one conversation
+        return trio.run(self._run_all, [{"messages": c} for c in conversations], sampling_params or SamplingParams())
+
+    async def _run_all(self, inputs: list[dict], sampling: SamplingParams) -> list[RequestOutput]:
+        results: list[RequestOutput | None] = [None] * len(inputs)
+        client = self.engine.client
+        async with trio.open_nursery() as actors:
+            for actor in self.engine.actors():
+                await actors.start(actor.run)
+
+            # Offline callers may pass thousands of prompts; keep the bounded inboxes from
+            # overflowing by letting only so many be in flight.
+            in_flight = trio.Semaphore(INBOX_BOUND // 2)
+
+            async def one(i: int, kwargs: dict) -> None:
+                async with in_flight:
+                    await run_one(i, kwargs)
+
+            async def run_one(i: int, kwargs: dict) -> None:
+                prompt_ids = await client.tokenize(**kwargs)
+                stream = client.open_stream(client.new_request_id("offline"), prompt_ids, sampling)
+                text, ids = [], []
+                async for out in stream:
+                    text.append(out.text)
+                    ids.extend(out.token_ids)
+                    if out.error:
+                        raise RuntimeError(out.error)
+                results[i] = RequestOutput(
+                    kwargs.get("prompt", kwargs.get("messages")), "".join(text), ids, prompt_ids,
+                    stream.finish_reason.openai_name,
+                )
+
+            async with trio.open_nursery() as requests:
+                for i, kwargs in enumerate(inputs):
+                    requests.start_soon(one, i, kwargs)
+            actors.cancel_scope.cancel()
+        return results  # type: ignore[return-value]

@@ -1,0 +1,160 @@
+"""Load a GGUF file (llama.cpp format) into :class:`LlamaForCausalLM`.
+
+Tensors are dequantized one at a time (``gguf.quants.dequantize`` -> fp32 numpy) and converted
+to the target dtype at once, so peak memory is the model plus one fp32 tensor.
+
+llama.cpp's converter permutes the rows of Q and K for the Llama architecture (its RoPE rotates
+interleaved pairs, HF's rotates halves); we undo that here so the model runs rotate-half RoPE on
+HF-layout weights. Qwen2 files are written with NeoX RoPE and are not permuted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from trillium.models.config import ModelConfig, served_name
+from trillium.models.gguf_file import GGUFFile
+from trillium.models.layers import rope_inv_freq
+from trillium.models.llama import LlamaForCausalLM
+
+# GGUF architecture -> (our architecture, whether Q/K rows are permuted in the file)
+_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False)}
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def read_config(gguf: GGUFFile) -> ModelConfig:
+    """ModelConfig from ``general.architecture`` and the ``{arch}.*`` metadata keys.
+
+    Raises ValueError naming an architecture this package does not implement.
+    """
+    md = gguf.metadata
+    arch = md.get("general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(_ARCHITECTURES)}")
+
+    def get(key: str, default=None):
+        value = md.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ValueError(f"{gguf.path}: metadata key {arch}.{key} is missing")
+        return value
+
+    names = {t.name for t in gguf.tensors}
+    num_heads = int(get("attention.head_count"))
+    num_kv_heads = get("attention.head_count_kv", num_heads)
+    if isinstance(num_kv_heads, list):  # per-layer counts: only uniform ones are supported
+        if len(set(num_kv_heads)) != 1:
+            raise ValueError(f"{gguf.path}: per-layer KV head counts {set(num_kv_heads)} are not supported")
+        num_kv_heads = num_kv_heads[0]
+    hidden = int(get("embedding_length"))
+    vocab = md.get(f"{arch}.vocab_size") or len(md.get("tokenizer.ggml.tokens", ()))
+    rope_scaling = None
+    scaling_type = md.get(f"{arch}.rope.scaling.type")
+    if scaling_type not in (None, "none"):
+        if scaling_type != "linear":
+            raise ValueError(f"{gguf.path}: unsupported rope scaling {scaling_type!r}")
+        rope_scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
+    return ModelConfig(
+        architecture=_ARCHITECTURES[arch][0],
+        name=served_name(os.path.basename(gguf.path)),
+        num_layers=int(get("block_count")),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_heads=num_heads,
+        num_kv_heads=int(num_kv_heads),
+        head_dim=int(md.get(f"{arch}.attention.key_length", hidden // num_heads)),
+        vocab_size=int(vocab),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        max_position_embeddings=int(get("context_length")),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        rope_scaling=rope_scaling,
+    )
+
+
+def unpermute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """Invert convert_hf_to_gguf's ``permute``: rows within each head go from interleaved
+    pairs (r0, r_half, r1, r_half+1, ...) back to HF's [first half | second half] order.
+
+    Forward (llama.cpp): ``w.reshape(n_head, 2, rows // n_head // 2, *rest).swapaxes(1, 2)``.
+    Works for weights [rows, in] and biases [rows].
+    """
+    rows, rest = w.shape[0], w.shape[1:]
+    return w.reshape(num_heads, rows // num_heads // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """HF parameter name for a GGUF tensor name, or None for tensors the model has no use for."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        return None
+    layer, kind, leaf = match.groups()
+    return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{leaf}"
+
+
+def iter_weights(
+    gguf: GGUFFile, config: ModelConfig, dtype: torch.dtype, progress: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor in ``dtype``) for every model tensor in the file, un-permuted."""
+    from gguf.quants import dequantize
+    from tqdm import tqdm
+
+    permuted = _ARCHITECTURES[gguf.metadata["general.architecture"]][1]
+    bar = tqdm(gguf.tensors, desc=f"Loading {config.name}", unit="tensor", file=sys.stderr, disable=not progress)
+    for tensor in bar:
+        name = hf_name(tensor.name)
+        if name is None:
+            if tensor.name != "rope_freqs.weight":  # handled by load_gguf_model
+                raise ValueError(f"{gguf.path}: unexpected tensor {tensor.name!r}")
+            continue
+        array = dequantize(gguf.raw(tensor), tensor.qtype).reshape(tensor.dims)  # fp32
+        if permuted and ".q_proj." in name:
+            array = unpermute_qk(array, config.num_heads)
+        elif permuted and ".k_proj." in name:
+            array = unpermute_qk(array, config.num_kv_heads)
+        # Passthrough types (F32) come back as read-only views of the memory map: copy those.
+        yield name, torch.from_numpy(np.require(array, requirements=["C", "W"])).to(dtype)
+
+
+def load_gguf_model(
+    path: str, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu", progress: bool = True
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Build the model described by a GGUF file and load its (dequantized) weights."""
+    gguf = GGUFFile(path)
+    config = read_config(gguf)
+    model = LlamaForCausalLM.empty(config, dtype, device)
+    model.load_weights((n, t.to(device)) for n, t in iter_weights(gguf, config, dtype, progress))
+    freqs = next((t for t in gguf.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        # Llama-3.1-style files carry per-frequency divisors instead of rope-scaling metadata.
+        from gguf.quants import dequantize
+
+        factors = torch.from_numpy(dequantize(gguf.raw(freqs), freqs.qtype).reshape(-1).copy())  # [D/2]
+        inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        model.rotary.build(inv_freq=inv_freq / factors, device=device)
+    return model.eval(), config

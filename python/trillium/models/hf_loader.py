@@ -1,0 +1,90 @@
+"""Load a Hugging Face model directory (``config.json`` + ``*.safetensors``) into :class:`LlamaForCausalLM`.
+
+HF checkpoints already use rotate-half RoPE layout, so tensors go in unchanged (only fused).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+
+import torch
+
+from trillium.models.config import ModelConfig, served_name
+from trillium.models.llama import LlamaForCausalLM
+
+# HF `architectures[0]` -> our architecture
+_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+}
+
+
+def read_config(path: str) -> ModelConfig:
+    """ModelConfig from ``<path>/config.json``; ValueError naming an unsupported architecture."""
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    hf_arch = (cfg.get("architectures") or [None])[0]
+    if hf_arch not in _ARCHITECTURES:
+        raise ValueError(f"unsupported architecture {hf_arch!r}; supported: {', '.join(_ARCHITECTURES)}")
+    arch = _ARCHITECTURES[hf_arch]
+    num_heads = cfg["num_attention_heads"]
+    rope_params = cfg.get("rope_parameters") or {}  # transformers >= 5 moves rope settings here
+    rope_scaling = cfg.get("rope_scaling") or rope_params or None
+    if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) in (None, "default"):
+        rope_scaling = None
+    return ModelConfig(
+        architecture=arch,
+        name=served_name(os.path.abspath(path)),
+        num_layers=cfg["num_hidden_layers"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_heads=num_heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+        vocab_size=cfg["vocab_size"],
+        rope_theta=float(cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        # Qwen2 always has q/k/v bias; Llama exposes it as `attention_bias`.
+        attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+        rope_scaling=rope_scaling,
+    )
+
+
+def _shards(path: str) -> list[str]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors weights in {path}")
+    return [os.path.join(path, f) for f in files]
+
+
+def iter_weights(path: str, dtype: torch.dtype, progress: bool, desc: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor in ``dtype``) for every tensor of every shard, read one at a time."""
+    from safetensors import safe_open
+    from tqdm import tqdm
+
+    shards = _shards(path)
+    handles = [safe_open(f, framework="pt") for f in shards]
+    keys = [(h, k) for h in handles for k in h.keys()]
+    for handle, key in tqdm(keys, desc=desc, unit="tensor", file=sys.stderr, disable=not progress):
+        yield key, handle.get_tensor(key).to(dtype)
+
+
+def load_hf_model(
+    path: str, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu", progress: bool = True
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Build the model in a HF directory and load its safetensors weights."""
+    config = read_config(path)
+    model = LlamaForCausalLM.empty(config, dtype, device)
+    model.load_weights((n, t.to(device)) for n, t in iter_weights(path, dtype, progress, f"Loading {config.name}"))
+    return model.eval(), config

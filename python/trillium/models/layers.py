@@ -1,0 +1,94 @@
+"""Building blocks shared by Llama-family models: RMSNorm and rotary position embeddings."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in fp32 and cast back before the weight (HF Llama order)."""
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, rope_scaling: dict | None) -> torch.Tensor:  # [D/2] fp32
+    """Inverse frequencies for rotate-half RoPE, with HF's "linear" and "llama3" scaling rules."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if not rope_scaling:
+        return inv_freq
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    if kind == "linear":
+        return inv_freq / float(rope_scaling["factor"])
+    if kind != "llama3":
+        return inv_freq
+    factor = float(rope_scaling["factor"])
+    low = float(rope_scaling.get("low_freq_factor", 1.0))
+    high = float(rope_scaling.get("high_freq_factor", 4.0))
+    old_len = float(rope_scaling.get("original_max_position_embeddings", 8192))
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half (NeoX / HF) RoPE with a cos/sin table precomputed once for every position.
+
+    The table is fp32 (as HF computes it) and cast to the activation dtype per step, so bf16
+    results round exactly like HF's ``q * cos + rotate_half(q) * sin``.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, rope_scaling: dict | None) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.max_positions = max_positions
+        self.theta = theta
+        self.rope_scaling = rope_scaling
+        self.register_buffer("cos", torch.empty(0), persistent=False)
+        self.register_buffer("sin", torch.empty(0), persistent=False)
+        self.build(inv_freq=None)
+
+    def build(self, inv_freq: torch.Tensor | None, device: torch.device | str | None = None) -> None:
+        """(Re)compute the table; ``inv_freq`` overrides the config-derived frequencies (GGUF rope_freqs)."""
+        if inv_freq is None:
+            inv_freq = rope_inv_freq(self.head_dim, self.theta, self.rope_scaling)
+        device = device if device is not None else self.cos.device
+        if torch.device(device).type == "meta":
+            # Built on meta while the model skeleton is created; rebuilt once memory exists.
+            self.cos = torch.empty(self.max_positions, self.head_dim // 2, device="meta")
+            self.sin = torch.empty(self.max_positions, self.head_dim // 2, device="meta")
+            return
+        positions = torch.arange(self.max_positions, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq.float().cpu())  # [P, D/2]
+        self.cos = freqs.cos().to(device)
+        self.sin = freqs.sin().to(device)
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D/2]
+        sin = self.sin[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D/2]
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, per half (same rounding steps as HF in low precision)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,212 @@
+"""Llama-family decoder (Llama, SmolLM, Mistral, Qwen2) over the paged KV cache.
+
+Weights arrive through :meth:`LlamaForCausalLM.load_weights` under Hugging Face names
+(``model.layers.0.self_attn.q_proj.weight``, ...); it fuses q/k/v into one projection and
+gate/up into another, so each layer runs two matmuls fewer per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trillium.models.config import ModelConfig
+from trillium.models.layers import RMSNorm, RotaryEmbedding
+from trillium.ops.attention import AttentionMetadata, paged_attention, store_kv
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, Hkv, D]
+
+
+def _linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> nn.Linear:
+    layer = nn.Linear(in_features, out_features, bias=bias, dtype=dtype)
+    layer.requires_grad_(False)
+    return layer
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.scale = config.head_dim**-0.5
+        self.qkv_proj = _linear(config.hidden_size, self.q_size + 2 * self.kv_size, config.attention_bias, dtype)
+        self.o_proj = _linear(self.q_size, config.hidden_size, False, dtype)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, H]
+        positions: torch.Tensor,  # [T]
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        rotary: RotaryEmbedding,
+    ) -> torch.Tensor:  # [T, H]
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        q, k = rotary(positions, q, k)
+        k_cache, v_cache = kv_cache
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
+        return self.o_proj(out.to(hidden.dtype).view(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = _linear(config.hidden_size, 2 * config.intermediate_size, False, dtype)
+        self.down_proj = _linear(config.intermediate_size, config.hidden_size, False, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = LlamaAttention(config, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = LlamaMLP(config, dtype)
+
+    def forward(self, hidden, positions, kv_cache, meta, rotary) -> torch.Tensor:  # [T, H] -> [T, H]
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, kv_cache, meta, rotary)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+# HF name of an unfused projection -> (our fused parameter's module, shard index within it).
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder-only Llama-family model; one ``forward`` is one step over T flattened tokens."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.dtype = dtype
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens.requires_grad_(False)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.lm_head = None if config.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, False, dtype)
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+
+    @classmethod
+    def empty(cls, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> LlamaForCausalLM:
+        """A model whose parameters are allocated on ``device`` but uninitialized (no random init:
+        loading a large model should not pay for it). Only :meth:`load_weights` makes it usable."""
+        with torch.device("meta"):
+            model = cls(config, dtype)
+        model.to_empty(device=device)
+        model.rotary.build(inv_freq=None, device=device)
+        return model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        kv_caches: list[KVCache],  # one per layer
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, H], after the final norm
+        """Run one step: store this step's K/V into the caches (slots from ``meta``) and return
+        the final-normed hidden state of every new token. Mutates ``kv_caches`` only."""
+        hidden = self.embed_tokens(input_ids)  # [T, H]
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer(hidden, positions, kv_cache, meta, self.rotary)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def allocate_kv_caches(
+        self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+    ) -> list[KVCache]:
+        """Zeroed (K, V) pools, one per layer, each ``[num_blocks, block_size, Hkv, D]``."""
+        cfg = self.config
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        dtype = dtype or self.dtype
+        return [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(cfg.num_layers)
+        ]
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the (fused) parameters, converting dtype on the way.
+
+        Raises ValueError for an unknown name, a shape mismatch, or a parameter left unloaded
+        (a model built with :meth:`empty` would otherwise run on garbage memory).
+        ``lm_head.weight`` is ignored when embeddings are tied.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()  # our parameter names, with ":shard" for fused ones
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue
+            if name.startswith("rotary") or name.endswith("rotary_emb.inv_freq"):
+                continue
+            module, _, leaf = name.rpartition(".")
+            parent, _, proj = module.rpartition(".")
+            if proj in _FUSED:
+                fused, shard = _FUSED[proj]
+                target = f"{parent}.{fused}.{leaf}"
+                param = params.get(target)
+                if param is None:
+                    raise ValueError(f"unexpected weight {hf_name!r}")
+                sizes = self._shard_sizes(fused)
+                offset = sum(sizes[:shard])
+                dest = param.narrow(0, offset, sizes[shard])
+                key = f"{target}:{shard}"
+            else:
+                dest = params.get(name)
+                if dest is None:
+                    raise ValueError(f"unexpected weight {hf_name!r}")
+                key = name
+            if tuple(dest.shape) != tuple(tensor.shape):
+                raise ValueError(f"weight {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+            dest.copy_(tensor)
+            loaded.add(key)
+        missing = [n for n in self._expected_keys() if n not in loaded]
+        if missing:
+            raise ValueError(f"{len(missing)} weights missing from the checkpoint, e.g. {missing[:3]}")
+
+    def _shard_sizes(self, fused: str) -> list[int]:
+        cfg = self.config
+        if fused == "qkv_proj":
+            q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            return [q, kv, kv]
+        return [cfg.intermediate_size, cfg.intermediate_size]
+
+    def _expected_keys(self) -> list[str]:
+        keys = []
+        for name, _ in self.named_parameters():
+            module, _, leaf = name.rpartition(".")
+            fused = module.rpartition(".")[2]
+            if fused == "qkv_proj":
+                keys += [f"{name}:{i}" for i in range(3)]
+            elif fused == "gate_up_proj":
+                keys += [f"{name}:{i}" for i in range(2)]
+            else:
+                keys.append(name)
+        return keys

@@ -1,0 +1,183 @@
+"""Paged attention over the block-structured KV cache: metadata, KV store, and the attention op.
+
+Layout (one pool per layer, owned by the engine):
+
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+
+A request's token at absolute position p lives in block ``block_table[p // block_size]`` at
+offset ``p % block_size``; its flat slot is ``block_id * block_size + offset``.
+
+One step carries T new tokens from R requests, flattened request-major. Request r contributes
+``query_len`` new tokens that occupy the last positions of its context:
+
+    positions  0 ............ context_len - query_len ......... context_len - 1
+               |<-- cached (already in KV) -->|<-- new this step (stored, then attended) -->|
+
+This module is the torch reference implementation; the C++ kernel replaces the bodies of
+:func:`store_kv` and :func:`paged_attention` later, with the same contracts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """One step's batch: T new tokens from R requests, flattened request-major."""
+
+    query_start_loc: torch.Tensor  # [R+1] int64, request r's new tokens are rows [r]:[r+1]
+    context_lens: torch.Tensor  # [R] int64, tokens in KV for request r after this step's store
+    block_tables: torch.Tensor  # [R, max_blocks_per_request] int64 block ids, padded with 0
+    slot_mapping: torch.Tensor  # [T] int64, block_id * block_size + offset of each new token
+    block_size: int
+    max_query_len: int  # python ints precomputed so the op never syncs on .item()
+    max_context_len: int
+    query_lens: list[int]
+    context_lens_list: list[int]
+
+    @property
+    def is_decode_only(self) -> bool:
+        """True when every request brings exactly one new token."""
+        return self.max_query_len == 1
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> AttentionMetadata:
+        """Compute every field from per-request python lists.
+
+        ``block_tables[r]`` must cover positions ``0 .. context_lens[r] - 1``; the new tokens of
+        request r are stored at positions ``context_lens[r] - query_lens[r] .. context_lens[r] - 1``.
+        Raises ValueError on inconsistent lengths (a scheduler bug, but cheap to catch here).
+        """
+        num_requests = len(query_lens)
+        if len(context_lens) != num_requests or len(block_tables) != num_requests:
+            raise ValueError(
+                f"query_lens ({num_requests}), context_lens ({len(context_lens)}) and "
+                f"block_tables ({len(block_tables)}) must have one entry per request"
+            )
+        slots: list[int] = []
+        starts = [0]
+        for query_len, context_len, table in zip(query_lens, context_lens, block_tables):
+            if not 0 < query_len <= context_len:
+                raise ValueError(f"need 0 < query_len <= context_len, got {query_len}, {context_len}")
+            if len(table) * block_size < context_len:
+                raise ValueError(
+                    f"block table of {len(table)} blocks cannot hold {context_len} tokens "
+                    f"with block_size {block_size}"
+                )
+            for pos in range(context_len - query_len, context_len):
+                slots.append(table[pos // block_size] * block_size + pos % block_size)
+            starts.append(starts[-1] + query_len)
+        max_blocks = max((len(t) for t in block_tables), default=0)
+        padded = [list(t) + [0] * (max_blocks - len(t)) for t in block_tables]
+        return cls(
+            query_start_loc=torch.tensor(starts, dtype=torch.int64, device=device),
+            context_lens=torch.tensor(context_lens, dtype=torch.int64, device=device),
+            block_tables=torch.tensor(padded, dtype=torch.int64, device=device).view(num_requests, max_blocks),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            block_size=block_size,
+            max_query_len=max(query_lens, default=0),
+            max_context_len=max(context_lens, default=0),
+            query_lens=list(query_lens),
+            context_lens_list=list(context_lens),
+        )
+
+
+def store_kv(
+    key: torch.Tensor,  # [T, Hkv, D]
+    value: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    slot_mapping: torch.Tensor,  # [T] int64
+) -> None:
+    """Write each new token's K/V into its slot, in place, casting to the cache dtype.
+
+    Only the T slots named by ``slot_mapping`` are written; every other slot is untouched.
+    """
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+
+def paged_attention(
+    query: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [T, Hq, D] in the cache dtype
+    """Causal attention of each new token over its request's KV (this step's K/V already stored).
+
+    New token i of request r sits at absolute position ``context_len - query_len + i`` and sees
+    KV positions ``<= `` its own. Hq must be a multiple of Hkv (grouped-query attention).
+    Computes in the cache dtype.
+    """
+    query = query.to(k_cache.dtype)
+    if meta.is_decode_only:
+        return _decode_attention(query, k_cache, v_cache, meta, scale)
+    return _mixed_attention(query, k_cache, v_cache, meta, scale)
+
+
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
+    """Contiguous KV for block rows: [..., num_blocks] ids -> [..., length, Hkv, D]."""
+    gathered = cache[block_ids]  # [..., nb, block_size, Hkv, D]
+    shape = gathered.shape
+    flat = gathered.view(*shape[:-4], shape[-4] * shape[-3], shape[-2], shape[-1])
+    return flat[..., :length, :, :]
+
+
+def _decode_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """One new token per request: one padded gather and one SDPA call for the whole batch.
+
+    The G = Hq / Hkv query heads sharing a KV head are laid out as G query rows of that head,
+    so GQA needs no K/V repeat, and a key-padding mask hides positions past each context_len.
+    """
+    num_requests = query.shape[0]
+    num_q_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    max_len = meta.max_context_len
+    num_blocks = -(-max_len // meta.block_size)
+    tables = meta.block_tables[:, :num_blocks]  # [R, nb]
+    k = _gather(k_cache, tables, max_len).transpose(1, 2)  # [R, Hkv, L, D]
+    v = _gather(v_cache, tables, max_len).transpose(1, 2)  # [R, Hkv, L, D]
+    q = query.view(num_requests, num_kv_heads, group, head_dim)  # [R, Hkv, G, D]
+    positions = torch.arange(max_len, device=query.device)
+    mask = (positions[None, :] < meta.context_lens[:, None]).view(num_requests, 1, 1, max_len)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [R, Hkv, G, D]
+    return out.reshape(num_requests, num_q_heads, head_dim)
+
+
+def _mixed_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Prefill or mixed batches: one SDPA call per request (the C++ kernel batches these later)."""
+    out = torch.empty_like(query)
+    start = 0
+    for r, (query_len, context_len) in enumerate(zip(meta.query_lens, meta.context_lens_list)):
+        num_blocks = -(-context_len // meta.block_size)
+        tables = meta.block_tables[r, :num_blocks]
+        k = _gather(k_cache, tables, context_len).transpose(0, 1)  # [Hkv, ctx, D]
+        v = _gather(v_cache, tables, context_len).transpose(0, 1)  # [Hkv, ctx, D]
+        q = query[start : start + query_len].transpose(0, 1)  # [Hq, n, D]
+        if query_len == context_len:
+            # No cached prefix: SDPA's top-left causal alignment is exactly ours.
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        elif query_len == 1:
+            o = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+        else:
+            # Bottom-right alignment: new token i (absolute position ctx - n + i) sees keys <= it.
+            rows = torch.arange(context_len - query_len, context_len, device=query.device)
+            mask = torch.arange(context_len, device=query.device)[None, :] <= rows[:, None]  # [n, ctx]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[start : start + query_len] = o.transpose(0, 1)  # [n, Hq, D]
+        start += query_len
+    return out

@@ -1,0 +1,40 @@
+"""Scheduler <-> executor messages: one step's plan and its result."""
+
+from __future__ import annotations
+
+import msgspec
+
+from trillium.protocol.messages import SamplingParams
+
+
+class ScheduledRequest(msgspec.Struct, gc=False, kw_only=True):
+    """One request's share of a step.
+
+    The request already has ``start_pos`` tokens in KV; this step computes ``token_ids`` at
+    positions ``start_pos .. start_pos + len(token_ids) - 1`` and stores their K/V into the
+    slots given by ``block_ids`` (the whole block table, long enough for those positions)::
+
+        tokens:  [0 ........ start_pos) [start_pos ...... start_pos+len(token_ids))
+                  cached in KV            computed now; sample after the last one if ``sample``
+    """
+
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
+    block_ids: list[int]
+    sample: bool
+    sampling: SamplingParams
+    num_output_tokens: int = 0
+
+
+class StepInput(msgspec.Struct, gc=False, kw_only=True):
+    """Everything the executor needs for one forward pass; owned by the executor until it returns."""
+
+    requests: list[ScheduledRequest]
+    finished_request_ids: list[str] = msgspec.field(default_factory=list)
+
+
+class StepOutput(msgspec.Struct, gc=False):
+    """One sampled token per scheduled request, ``-1`` where ``sample`` was false."""
+
+    sampled_token_ids: list[int]

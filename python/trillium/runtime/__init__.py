@@ -1,0 +1,16 @@
+"""Actor runtime: actor base, supervisor, bounded channels, mailboxes. Knows nothing of LLMs."""
+
+from trillium.runtime.actor import Actor
+from trillium.runtime.channels import INBOX_BOUND, TOKENIZER_INBOX_BOUND, open_inbox
+from trillium.runtime.mailbox import Mailbox, MailboxClosed
+from trillium.runtime.supervisor import Supervisor
+
+__all__ = [
+    "INBOX_BOUND",
+    "TOKENIZER_INBOX_BOUND",
+    "Actor",
+    "Mailbox",
+    "MailboxClosed",
+    "Supervisor",
+    "open_inbox",
+]

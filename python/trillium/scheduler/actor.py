@@ -1,0 +1,178 @@
+"""SchedulerActor: the async shell around :class:`SchedulerPolicy` and the executor.
+
+Loop: take messages → plan a step → run it in a worker thread (the event loop stays free
+for HTTP, ``/health`` included) → apply the result → deliver :class:`TokenDelta`s. Messages
+that arrive while a step runs wait in the bounded inbox and are applied before the next
+plan, so the policy is only ever touched from the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+import trio
+
+from trillium.protocol import AbortRequest, AddRequest, FinishReason, StepInput, StepOutput, TokenDelta
+from trillium.runtime import Actor
+from trillium.scheduler.policy import RequestUpdate, SchedulerConfig, SchedulerPolicy
+from trillium.scheduler.request import Request
+
+log = logging.getLogger("trillium.scheduler")
+
+
+class Executor(Protocol):
+    """Runs one step. Called from a worker thread; must not touch scheduler state."""
+
+    def execute(self, step_input: StepInput) -> StepOutput: ...
+
+
+def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
+    """Mailbox merge: a slow client gets the tokens of several steps in one delta."""
+    return TokenDelta(
+        request_id=old.request_id,
+        token_ids=old.token_ids + new.token_ids,
+        finish_reason=new.finish_reason,
+        num_prompt_tokens=new.num_prompt_tokens,
+        error=new.error,
+    )
+
+
+class SchedulerActor(Actor):
+    """Owns the policy and the executor thread; the only writer of KV bookkeeping."""
+
+    name = "scheduler"
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        blocks,
+        executor: Executor,
+        inbox: trio.MemoryReceiveChannel,
+    ) -> None:
+        self.policy = SchedulerPolicy(config, blocks)
+        self.executor = executor
+        self.inbox = inbox
+        # One model step at a time: the executor owns the model and the KV tensors.
+        self._step_limiter = trio.CapacityLimiter(1)
+        self.num_steps = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            while True:
+                self._drain_inbox()
+                if not self.policy.has_work():
+                    self._apply(await self.inbox.receive())
+                    continue
+                await self._step()
+        finally:
+            self._abort_all()
+
+    # ---- messages ----------------------------------------------------------------------------
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                message = self.inbox.receive_nowait()
+            except trio.WouldBlock:
+                return
+            self._apply(message)
+
+    def _apply(self, message) -> None:
+        if isinstance(message, AddRequest):
+            self._add(message)
+        elif isinstance(message, AbortRequest):
+            request = self.policy.abort(message.request_id)
+            if request is not None:
+                request.reply.close()
+        else:
+            log.error("scheduler: unexpected message %r", message)
+
+    def _add(self, message: AddRequest) -> None:
+        sampling = message.sampling
+        room = self.policy.config.max_model_len - len(message.prompt_token_ids)
+        max_tokens = room if sampling.max_tokens is None else min(sampling.max_tokens, room)
+        request = Request(
+            message.request_id,
+            message.prompt_token_ids,
+            sampling,
+            max_tokens,
+            reply=message.reply,
+            arrival_time=message.arrival_time or None,
+        )
+        try:
+            if max_tokens < 1:
+                raise ValueError("the prompt fills the model's context; no room to generate")
+            self.policy.add(request)
+        except ValueError as exc:
+            message.reply.put(
+                TokenDelta(message.request_id, [], FinishReason.ERROR, len(message.prompt_token_ids), str(exc))
+            )
+            message.reply.close()
+
+    # ---- steps -------------------------------------------------------------------------------
+
+    async def _step(self) -> None:
+        self._abort_disconnected()
+        plan = self.policy.schedule()
+        if not plan.scheduled:
+            # Nothing fits right now: wait briefly for a message (an abort may free blocks)
+            # rather than spin.
+            with trio.move_on_after(0.05):
+                self._apply(await self.inbox.receive())
+            return
+        try:
+            output = await trio.to_thread.run_sync(
+                self.executor.execute, plan.step_input, limiter=self._step_limiter, abandon_on_cancel=False
+            )
+        except Exception as exc:  # one bad step must not take the server down
+            log.exception("step failed; failing its %d requests", len(plan.scheduled))
+            for request in self.policy.fail(plan):
+                self._deliver_error(request, f"internal error: {type(exc).__name__}: {exc}")
+            return
+        self.num_steps += 1
+        now = time.monotonic()
+        for update in self.policy.update(plan, output):
+            self._deliver(update, now)
+
+    def _deliver(self, update: RequestUpdate, now: float) -> None:
+        request = update.request
+        if request.first_token_time is None:
+            request.first_token_time = now
+        request.reply.put(
+            TokenDelta(request.request_id, update.new_token_ids, update.finish_reason, request.num_prompt_tokens)
+        )
+        if update.finish_reason is not None:
+            request.reply.close()
+
+    def _deliver_error(self, request: Request, error: str) -> None:
+        request.reply.put(TokenDelta(request.request_id, [], FinishReason.ERROR, request.num_prompt_tokens, error))
+        request.reply.close()
+
+    def _abort_disconnected(self) -> None:
+        """Free the blocks of requests whose client went away (mailbox closed by the consumer)."""
+        gone = [r.request_id for r in self.policy.requests.values() if r.reply.consumer_closed]
+        for request_id in gone:
+            self.policy.abort(request_id)
+
+    def _abort_all(self) -> None:
+        for request_id in list(self.policy.requests):
+            request = self.policy.abort(request_id)
+            if request is not None:
+                request.reply.put(TokenDelta(request_id, [], FinishReason.ABORT, request.num_prompt_tokens))
+                request.reply.close()
+
+    # ---- introspection (for /health, tests and metrics) ----------------------------------------
+
+    def stats(self) -> dict:
+        blocks = self.policy.blocks
+        return {
+            "num_requests_running": self.policy.num_running,
+            "num_requests_waiting": self.policy.num_waiting,
+            "num_free_blocks": blocks.num_free_blocks,
+            "num_total_blocks": blocks.num_total_blocks,
+            "num_preemptions": self.policy.num_preemptions,
+            "num_steps": self.num_steps,
+        }

@@ -1,0 +1,233 @@
+"""The scheduling policy: pure, synchronous, unit-testable (no Trio, no torch).
+
+There are no prefill and decode phases. Every step hands out a token budget: running
+requests first (oldest first), then waiting ones (FIFO). A request gets
+``min(num_tokens - num_computed_tokens, budget left)`` tokens, so long prompts are chunked
+across steps and decodes of other requests are never starved behind them. When the block
+pool runs dry, the newest running request is preempted by recompute: its blocks are freed
+and it goes back to the front of the waiting queue with ``num_computed_tokens = 0``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from typing import Protocol
+
+from trillium.protocol import FinishReason, ScheduledRequest, StepInput, StepOutput
+from trillium.scheduler.request import Request, RequestStatus
+
+
+class BlockPool(Protocol):
+    """What the policy needs from ``trillium._core.BlockAllocator``."""
+
+    num_free_blocks: int
+    num_total_blocks: int
+
+    def can_allocate(self, n: int) -> bool: ...
+    def allocate(self, n: int) -> list[int]: ...
+    def free(self, block_ids: list[int]) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    block_size: int = 16
+    max_running: int = 64  # requests holding blocks at once
+    max_tokens_per_step: int = 2048  # token budget of one forward pass
+    max_model_len: int = 8192  # prompt + output limit of one request
+    eos_token_ids: frozenset[int] = frozenset()
+
+
+@dataclasses.dataclass
+class StepPlan:
+    """The requests of one step, each with its number of new tokens, and the executor's input."""
+
+    scheduled: list[tuple[Request, int]]
+    step_input: StepInput
+
+
+@dataclasses.dataclass
+class RequestUpdate:
+    """What one request produced in a step, for delivery to its client."""
+
+    request: Request
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None
+
+
+class SchedulerPolicy:
+    """Owns request states and their blocks. Every method runs on one thread (the event loop)."""
+
+    def __init__(self, config: SchedulerConfig, blocks: BlockPool) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_since_last_step: list[str] = []
+        self.num_preemptions = 0
+
+    # ---- admission and abort -------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        """Queue a request. Raises ``ValueError`` if it could never fit in the block pool."""
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        longest = min(request.num_prompt_tokens + request.max_tokens, self.config.max_model_len)
+        if self._blocks_for(longest) > self.blocks.num_total_blocks:
+            raise ValueError(
+                f"request needs {longest} tokens of KV cache but the pool holds only "
+                f"{self.blocks.num_total_blocks * self.config.block_size}"
+            )
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Finish a request now and free its blocks; ``None`` if it is unknown or finished."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        if request.status == RequestStatus.WAITING:
+            self.waiting.remove(request)
+        else:
+            self.running.remove(request)
+        self._finish(request, FinishReason.ABORT)
+        return request
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        """Plan the next step: allocates the blocks the scheduled tokens need."""
+        budget = self.config.max_tokens_per_step
+        scheduled: list[tuple[Request, int]] = []
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._grow(request, num_new):
+                # Out of blocks: preempt the newest running request and retry this one,
+                # unless it is itself the newest.
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is request:
+                    break
+                continue
+            scheduled.append((request, num_new))
+            budget -= num_new
+            i += 1
+
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            request = self.waiting[0]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._grow(request, num_new):
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled.append((request, num_new))
+            budget -= num_new
+
+        step_input = StepInput(
+            requests=[self._scheduled_request(r, n) for r, n in scheduled],
+            finished_request_ids=self._finished_since_last_step,
+        )
+        self._finished_since_last_step = []
+        return StepPlan(scheduled, step_input)
+
+    def update(self, plan: StepPlan, output: StepOutput) -> list[RequestUpdate]:
+        """Apply a step's result: advance progress, append sampled tokens, finish requests."""
+        updates: list[RequestUpdate] = []
+        for (request, num_new), token_id in zip(plan.scheduled, output.sampled_token_ids):
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted or aborted while the step ran
+            request.num_computed_tokens += num_new
+            if token_id < 0:
+                continue
+            request.output_token_ids.append(token_id)
+            reason = self._check_stop(request, token_id)
+            if reason is not None:
+                self.running.remove(request)
+                self._finish(request, reason)
+            updates.append(RequestUpdate(request, [token_id], reason))
+        return updates
+
+    def fail(self, plan: StepPlan) -> list[Request]:
+        """The step raised: finish every request it held with ERROR and free their blocks."""
+        failed = []
+        for request, _ in plan.scheduled:
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+                self._finish(request, FinishReason.ERROR)
+                failed.append(request)
+        return failed
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.config.block_size)
+
+    def _grow(self, request: Request, num_new: int) -> bool:
+        """Give ``request`` enough blocks for ``num_new`` more tokens; False if the pool is short."""
+        needed = self._blocks_for(request.num_computed_tokens + num_new) - len(request.block_ids)
+        if needed <= 0:
+            return True
+        if not self.blocks.can_allocate(needed):
+            return False
+        request.block_ids.extend(self.blocks.allocate(needed))
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.blocks.free(request.block_ids)
+        request.block_ids = []
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        if request.block_ids:
+            self.blocks.free(request.block_ids)
+            request.block_ids = []
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        del self.requests[request.request_id]
+        self._finished_since_last_step.append(request.request_id)
+
+    def _check_stop(self, request: Request, token_id: int) -> FinishReason | None:
+        sampling = request.sampling
+        if not sampling.ignore_eos and token_id in self.config.eos_token_ids:
+            return FinishReason.STOP
+        if token_id in sampling.stop_token_ids:
+            return FinishReason.STOP
+        if len(request.output_token_ids) >= request.max_tokens:
+            return FinishReason.LENGTH
+        if request.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _scheduled_request(self, request: Request, num_new: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        end = start + num_new
+        return ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=request.token_ids_slice(start, end),
+            start_pos=start,
+            block_ids=list(request.block_ids),
+            sample=end == request.num_tokens,
+            sampling=request.sampling,
+            num_output_tokens=len(request.output_token_ids),
+        )

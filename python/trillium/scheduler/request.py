@@ -1,0 +1,76 @@
+"""A request as the scheduler sees it: tokens, progress through them, and its blocks."""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any
+
+from trillium.protocol import FinishReason, SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0  # not admitted yet, or preempted (its KV was dropped; it recomputes)
+    RUNNING = 1  # holds blocks and is scheduled every step
+    FINISHED = 2
+
+
+class Request:
+    """Scheduler-side state of one request.
+
+    ``num_computed_tokens`` counts tokens whose K/V are in the request's blocks; each step
+    moves it towards ``num_tokens`` (prompt + output so far). A request samples a new token
+    only when a step brings it level with ``num_tokens``.
+    """
+
+    __slots__ = (
+        "request_id", "prompt_token_ids", "output_token_ids", "sampling", "max_tokens",
+        "reply", "status", "num_computed_tokens", "block_ids", "finish_reason",
+        "arrival_time", "first_token_time", "num_preemptions",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        reply: Any = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.sampling = sampling
+        self.max_tokens = max_tokens  # resolved: never None, fits the context
+        self.reply = reply
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.finish_reason: FinishReason | None = None
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.first_token_time: float | None = None
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def token_ids_slice(self, start: int, end: int) -> list[int]:
+        """Tokens ``[start, end)`` of prompt + output, without concatenating both lists."""
+        n_prompt = len(self.prompt_token_ids)
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt : end - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, computed={self.num_computed_tokens}"
+            f"/{self.num_tokens}, blocks={len(self.block_ids)})"
+        )

@@ -1,0 +1,52 @@
+"""FrontendActor: serves the starlette app with hypercorn's Trio worker.
+
+On shutdown (``draining`` set by the supervisor) hypercorn stops accepting connections and
+lets in-flight streams finish within ``graceful_timeout``; then ``done`` is set.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from trillium.engine_client import EngineClient
+from trillium.runtime import Actor
+from trillium.server.app import build_app
+
+log = logging.getLogger("trillium.server")
+
+
+class FrontendActor(Actor):
+    name = "frontend"
+
+    def __init__(self, client: EngineClient, draining: trio.Event, *, host: str = "127.0.0.1", port: int = 8000,
+                 graceful_timeout: float = 10.0) -> None:
+        self.client = client
+        self.draining = draining
+        self.host = host
+        self.port = port
+        self.graceful_timeout = graceful_timeout
+        self.done = trio.Event()
+        self.bound_urls: list[str] = []
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        config = Config()
+        config.bind = [f"{self.host}:{self.port}"]
+        config.graceful_timeout = self.graceful_timeout
+        config.accesslog = None
+        config.errorlog = logging.getLogger("hypercorn.error")
+        config.keep_alive_timeout = 75  # long-lived clients (openai's httpx pool) reuse connections
+        app = build_app(self.client, self.draining)
+        try:
+            async with trio.open_nursery() as nursery:
+                self.bound_urls = await nursery.start(
+                    functools.partial(serve, app, config, shutdown_trigger=self.draining.wait)
+                )
+                log.info("serving %s on %s", self.client.model_name, ", ".join(self.bound_urls))
+                task_status.started()
+        finally:
+            self.done.set()

@@ -1,0 +1,57 @@
+"""TokenizerActor: renders chat templates and encodes prompts off the event loop.
+
+A fixed number of worker tasks read the bounded inbox, so a burst of long prompts queues
+(and eventually pushes back on the frontend) instead of spawning unbounded threads.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from trillium.protocol import TokenizeRequest, TokenizeResult
+from trillium.runtime import Actor
+
+log = logging.getLogger("trillium.tokenizer")
+
+# Encoding threads. Tokenization is short next to a model step; one thread per core at most.
+NUM_TOKENIZER_WORKERS = 2
+
+
+class TokenizerActor(Actor):
+    name = "tokenizer"
+
+    def __init__(self, tokenizer, inbox: trio.MemoryReceiveChannel) -> None:
+        self.tokenizer = tokenizer
+        self.inbox = inbox
+        self._limiter = trio.CapacityLimiter(NUM_TOKENIZER_WORKERS)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(NUM_TOKENIZER_WORKERS):
+                nursery.start_soon(self._worker, self.inbox.clone())
+            task_status.started()
+
+    async def _worker(self, inbox: trio.MemoryReceiveChannel) -> None:
+        async with inbox:
+            async for message in inbox:
+                try:
+                    ids = await trio.to_thread.run_sync(self.encode, message, limiter=self._limiter)
+                    result = TokenizeResult(ids)
+                except Exception as exc:  # a bad template or input fails this request only
+                    log.warning("tokenize failed: %s", exc)
+                    result = TokenizeResult([], f"{type(exc).__name__}: {exc}")
+                try:
+                    message.reply.send_nowait(result)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # the requester went away
+
+    def encode(self, message: TokenizeRequest) -> list[int]:
+        """Chat messages are rendered with the model's template first (its special tokens included)."""
+        if message.messages is not None:
+            text = self.tokenizer.apply_chat_template(
+                message.messages, add_generation_prompt=message.add_generation_prompt
+            )
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(message.prompt, add_special_tokens=True)

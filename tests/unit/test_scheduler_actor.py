@@ -1,0 +1,137 @@
+"""SchedulerActor with a fake executor: delivery, abort, failures, backpressure."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import trio
+
+from tests.fakes import FakeExecutor
+from trillium import _core
+from trillium.protocol import AbortRequest, AddRequest, FinishReason, SamplingParams
+from trillium.runtime import Mailbox, MailboxClosed, open_inbox
+from trillium.scheduler import SchedulerConfig
+from trillium.scheduler.actor import SchedulerActor, merge_deltas
+
+BLOCK = 4
+
+
+class SlowExecutor(FakeExecutor):
+    """Sleeps in the worker thread, like a real model step; can be told to fail."""
+
+    def __init__(self, *args, delay=0.01, fail_on=None, **kw):
+        super().__init__(*args, **kw)
+        self.delay = delay
+        self.fail_on = fail_on
+        self.thread_ids = set()
+
+    def execute(self, step_input):
+        self.thread_ids.add(threading.get_ident())
+        time.sleep(self.delay)
+        if self.fail_on and any(r.request_id == self.fail_on for r in step_input.requests):
+            raise RuntimeError("boom")
+        return super().execute(step_input)
+
+
+async def start(nursery, num_blocks=64, executor=None):
+    send, recv = open_inbox(8)
+    allocator = _core.BlockAllocator(num_blocks)
+    executor = executor or SlowExecutor(BLOCK)
+    actor = SchedulerActor(SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset({0})), allocator, executor, recv)
+    await nursery.start(actor.run)
+    return send, allocator, executor, actor
+
+
+def submit(send, rid, prompt_len=5, max_tokens=6):
+    box = Mailbox(merge_deltas)
+    send.send_nowait(AddRequest(request_id=rid, prompt_token_ids=list(range(50, 50 + prompt_len)),
+                                sampling=SamplingParams(max_tokens=max_tokens), reply=box))
+    return box
+
+
+async def collect(box):
+    tokens, reason = [], None
+    while True:
+        try:
+            delta = await box.get()
+        except MailboxClosed:
+            return tokens, reason
+        tokens += delta.token_ids
+        reason = delta.finish_reason or reason
+
+
+async def test_concurrent_requests_all_complete_in_worker_thread():
+    async with trio.open_nursery() as nursery:
+        send, allocator, executor, _ = await start(nursery)
+        boxes = [submit(send, f"r{i}", prompt_len=3 + i, max_tokens=6) for i in range(6)]
+        results = [await collect(b) for b in boxes]
+        for i, (tokens, reason) in enumerate(results):
+            assert tokens == [FakeExecutor.token_at(3 + i + k) for k in range(6)]
+            assert reason == FinishReason.LENGTH
+        assert threading.get_ident() not in executor.thread_ids  # steps never ran on the event loop
+        assert allocator.num_free_blocks == allocator.num_total_blocks
+        nursery.cancel_scope.cancel()
+
+
+async def test_abort_message_frees_blocks_and_closes_mailbox():
+    async with trio.open_nursery() as nursery:
+        send, allocator, _, _ = await start(nursery)
+        box = submit(send, "a", max_tokens=200)
+        await box.get()  # it is running
+        assert allocator.num_free_blocks < allocator.num_total_blocks
+        await send.send(AbortRequest("a"))
+        tokens, reason = await collect(box)
+        assert reason is None  # aborted streams just close
+        with trio.fail_after(2):
+            while allocator.num_free_blocks != allocator.num_total_blocks:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+
+
+async def test_consumer_leaving_aborts_without_a_message():
+    async with trio.open_nursery() as nursery:
+        send, allocator, _, actor = await start(nursery)
+        box = submit(send, "gone", max_tokens=200)
+        await box.get()
+        box.close_consumer()
+        with trio.fail_after(2):
+            while actor.policy.has_work():
+                await trio.sleep(0.01)
+        assert allocator.num_free_blocks == allocator.num_total_blocks
+        nursery.cancel_scope.cancel()
+
+
+async def test_failing_step_fails_its_requests_and_the_actor_keeps_serving():
+    async with trio.open_nursery() as nursery:
+        send, allocator, _, _ = await start(nursery, executor=SlowExecutor(BLOCK, fail_on="bad"))
+        bad = submit(send, "bad")
+        delta = await bad.get()
+        assert delta.finish_reason == FinishReason.ERROR and "boom" in delta.error
+        good_tokens, reason = await collect(submit(send, "good"))
+        assert reason == FinishReason.LENGTH and len(good_tokens) == 6
+        assert allocator.num_free_blocks == allocator.num_total_blocks
+        nursery.cancel_scope.cancel()
+
+
+async def test_full_inbox_is_backpressure_not_a_queue():
+    async with trio.open_nursery() as nursery:
+        send, _, _, _ = await start(nursery, executor=SlowExecutor(BLOCK, delay=0.2))
+        submit(send, "first")
+        await trio.sleep(0.05)  # the actor is inside a slow step and not reading its inbox
+        for i in range(8):
+            submit(send, f"q{i}")
+        with pytest.raises(trio.WouldBlock):
+            submit(send, "one-too-many")
+        nursery.cancel_scope.cancel()
+
+
+async def test_slow_consumer_gets_merged_deltas():
+    async with trio.open_nursery() as nursery:
+        send, _, _, _ = await start(nursery, executor=SlowExecutor(BLOCK, delay=0.001))
+        box = submit(send, "slow", max_tokens=20)
+        await trio.sleep(0.5)  # let every step finish before reading
+        delta = await box.get()
+        assert len(delta.token_ids) == 20 and delta.finish_reason == FinishReason.LENGTH
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,141 @@
+"""Scheduling policy with a fake executor and the real C++ block allocator."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fakes import FakeExecutor
+from trillium import _core
+from trillium.protocol import FinishReason, SamplingParams
+from trillium.scheduler import Request, SchedulerConfig, SchedulerPolicy
+
+BLOCK = 4
+
+
+def make(num_blocks=64, **kw):
+    config = SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset({0}), **kw)
+    allocator = _core.BlockAllocator(num_blocks)
+    return SchedulerPolicy(config, allocator), allocator, FakeExecutor(BLOCK)
+
+
+def req(rid, prompt_len, max_tokens=8, **sampling):
+    return Request(rid, list(range(100, 100 + prompt_len)), SamplingParams(max_tokens=max_tokens, **sampling), max_tokens)
+
+
+def run_until_done(policy, executor, max_steps=10_000):
+    outputs: dict[str, list[int]] = {}
+    reasons: dict[str, FinishReason] = {}
+    steps = 0
+    while policy.has_work():
+        plan = policy.schedule()
+        for update in policy.update(plan, executor.execute(plan.step_input)):
+            outputs.setdefault(update.request.request_id, []).extend(update.new_token_ids)
+            if update.finish_reason is not None:
+                reasons[update.request.request_id] = update.finish_reason
+        policy.blocks.check_invariants()
+        steps += 1
+        assert steps < max_steps
+    return outputs, reasons
+
+
+def expected_output(prompt_len, n):
+    return [FakeExecutor.token_at(prompt_len + i) for i in range(n)]
+
+
+def test_requests_finish_with_position_determined_tokens_and_free_all_blocks():
+    policy, allocator, executor = make()
+    for i, n in enumerate([3, 9, 17]):
+        policy.add(req(f"r{i}", n, max_tokens=5))
+    outputs, reasons = run_until_done(policy, executor)
+    for i, n in enumerate([3, 9, 17]):
+        assert outputs[f"r{i}"] == expected_output(n, 5)
+        assert reasons[f"r{i}"] == FinishReason.LENGTH
+    assert allocator.num_free_blocks == allocator.num_total_blocks
+
+
+def test_token_budget_chunks_long_prompt_while_decodes_continue():
+    policy, _, executor = make(max_tokens_per_step=8)
+    policy.add(req("short", 2, max_tokens=20))
+    plan = policy.schedule()
+    policy.update(plan, executor.execute(plan.step_input))  # short prefilled, first token sampled
+    policy.add(req("long", 30, max_tokens=2))
+    plan = policy.schedule()
+    sizes = {r.request_id: len(r.token_ids) for r in plan.step_input.requests}
+    assert sizes == {"short": 1, "long": 7}  # decode first, then the budget's rest of the prompt
+    assert not plan.step_input.requests[1].sample  # a partial prompt chunk samples nothing
+    policy.update(plan, executor.execute(plan.step_input))
+    outputs, _ = run_until_done(policy, executor)
+    assert outputs["long"] == expected_output(30, 2)
+    for step in executor.steps:
+        assert sum(len(r.token_ids) for r in step.requests) <= 8
+
+
+def test_new_requests_join_a_running_batch_at_the_next_step():
+    policy, _, executor = make()
+    policy.add(req("a", 4, max_tokens=10))
+    plan = policy.schedule()
+    policy.update(plan, executor.execute(plan.step_input))
+    policy.add(req("b", 4, max_tokens=10))
+    plan = policy.schedule()
+    assert [r.request_id for r in plan.step_input.requests] == ["a", "b"]
+
+
+def test_max_running_caps_the_batch():
+    policy, _, executor = make(max_running=2)
+    for i in range(5):
+        policy.add(req(f"r{i}", 3, max_tokens=4))
+    plan = policy.schedule()
+    assert len(plan.step_input.requests) == 2
+    outputs, _ = run_until_done(policy, executor)
+    assert len(outputs) == 5
+    assert max(len(s.requests) for s in executor.steps) == 2
+
+
+def test_preemption_under_kv_pressure_recomputes_and_gives_identical_output():
+    # 12 blocks of 4 tokens; four requests that each grow to 20 tokens (5 blocks) cannot all fit.
+    policy, allocator, executor = make(num_blocks=12)
+    for i in range(4):
+        policy.add(req(f"r{i}", 8, max_tokens=12))
+    outputs, reasons = run_until_done(policy, executor)
+    assert policy.num_preemptions > 0
+    for i in range(4):
+        assert outputs[f"r{i}"] == expected_output(8, 12)
+        assert reasons[f"r{i}"] == FinishReason.LENGTH
+    assert allocator.num_free_blocks == 12
+
+
+def test_abort_frees_blocks_at_once():
+    policy, allocator, executor = make()
+    policy.add(req("a", 10, max_tokens=50))
+    plan = policy.schedule()
+    policy.update(plan, executor.execute(plan.step_input))
+    assert allocator.num_free_blocks < allocator.num_total_blocks
+    assert policy.abort("a") is not None
+    assert allocator.num_free_blocks == allocator.num_total_blocks
+    assert not policy.has_work()
+    assert policy.abort("a") is None
+
+
+def test_stop_reasons():
+    policy, _, executor = make()
+    executor.eos_at = {"eos": 6}
+    policy.add(req("eos", 4, max_tokens=10))  # samples at positions 4, 5, then EOS at 6
+    policy.add(req("ignore", 4, max_tokens=3, ignore_eos=True))
+    policy.add(Request("stopid", [1, 2, 3], SamplingParams(stop_token_ids=[FakeExecutor.token_at(5)]), 10))
+    outputs, reasons = run_until_done(policy, executor)
+    assert reasons == {"eos": FinishReason.STOP, "ignore": FinishReason.LENGTH, "stopid": FinishReason.STOP}
+    assert outputs["eos"] == [FakeExecutor.token_at(4), FakeExecutor.token_at(5), 0]
+    assert outputs["stopid"] == [FakeExecutor.token_at(3), FakeExecutor.token_at(4), FakeExecutor.token_at(5)]
+
+
+def test_max_model_len_ends_with_length():
+    policy, _, executor = make(max_model_len=10)
+    policy.add(req("a", 7, max_tokens=100))
+    outputs, reasons = run_until_done(policy, executor)
+    assert len(outputs["a"]) == 3 and reasons["a"] == FinishReason.LENGTH
+
+
+def test_request_larger_than_the_pool_is_refused():
+    policy, _, _ = make(num_blocks=4)
+    with pytest.raises(ValueError, match="KV cache"):
+        policy.add(req("big", 30, max_tokens=10))
