@@ -10,12 +10,34 @@ import torch
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 
 
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU multiplies bf16 in hardware (AVX512-BF16, AMX, or Arm BF16).
+
+    Without it, torch emulates bf16 matmuls and they run several times slower than fp32
+    (measured: 20 vs 75 GFLOP/s per core on an AVX-512 Xeon without avx512_bf16), so the
+    ``auto`` dtype picks fp32 there.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def resolve_dtype(name: str) -> str:
+    """``auto`` -> ``bf16`` on CPUs with native bf16, else ``fp32``; other names unchanged."""
+    if name != "auto":
+        return name
+    return "bf16" if cpu_has_native_bf16() else "fp32"
+
+
 @dataclasses.dataclass
 class EngineConfig:
     """What to serve and how much memory and batch to give it."""
 
     model: str | None = None  # GGUF file or Hugging Face directory; None = embedded default
-    dtype: str = "bf16"
+    dtype: str = "auto"  # bf16 | fp32 | auto (bf16 where the CPU has native bf16 math)
     block_size: int = 16  # tokens per KV block
     kv_cache_gib: float = 1.0  # KV pool size across all layers
     max_running: int = 64  # requests decoding at once
@@ -25,6 +47,7 @@ class EngineConfig:
     num_threads: int | None = None  # torch / OpenMP threads; None = TRILLIUM_NUM_THREADS or all cores
 
     def __post_init__(self) -> None:
+        self.dtype = resolve_dtype(self.dtype)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         for name in ("block_size", "max_running", "max_tokens_per_step"):

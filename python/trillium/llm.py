@@ -31,7 +31,7 @@ class RequestOutput:
 class LLM:
     """An in-process engine. Construction loads the model (default: the embedded SmolLM2)."""
 
-    def __init__(self, model: str | None = None, *, dtype: str = "bf16", progress: bool = True, **engine_args) -> None:
+    def __init__(self, model: str | None = None, *, dtype: str = "auto", progress: bool = True, **engine_args) -> None:
         self.engine = Engine(EngineConfig(model=model, dtype=dtype, **engine_args), progress=progress)
         self.tokenizer = self.engine.tokenizer
 

@@ -14,17 +14,6 @@ from trillium.ops.attention import AttentionMetadata
 from trillium.protocol import StepInput, StepOutput
 
 
-def allocate_kv_cache(
-    config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: str = "cpu"
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One (K, V) pool per layer, each ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
-    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-    return [
-        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-        for _ in range(config.num_layers)
-    ]
-
-
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one block takes across all layers, K and V."""
     elem = torch.empty((), dtype=dtype).element_size()
@@ -48,7 +37,7 @@ class ModelRunner:
         self.config = config
         self.block_size = block_size
         self.device = device
-        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, dtype, device)
+        self.kv_caches = model.allocate_kv_caches(num_blocks, block_size, dtype, device)
         self._generators: dict[str, torch.Generator] = {}
 
     @torch.inference_mode()

@@ -10,7 +10,7 @@ SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 
 # File-name suffixes that name a quantization or dtype, not the model (llama.cpp conventions).
 _QUANT_SUFFIX = re.compile(
-    r"[.\-_](?:I?Q\d[\w]*|F16|F32|BF16|FP16|FP32|BF16|MXFP4\w*|TQ\d\w*)$",
+    r"[.\-_](?:I?Q\d[\w]*|F16|F32|BF16|FP16|FP32|MXFP4\w*|TQ\d\w*)$",
     re.IGNORECASE,
 )
 

@@ -107,7 +107,7 @@ def unpermute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def hf_name(gguf_name: str) -> str | None:
-    """HF parameter name for a GGUF tensor name, or None for tensors the model has no use for."""
+    """HF parameter name for a GGUF tensor name, or None for a tensor this mapping does not know."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _LAYER_TENSOR.fullmatch(gguf_name)

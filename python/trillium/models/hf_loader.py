@@ -21,6 +21,7 @@ _ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
 }
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 def read_config(path: str) -> ModelConfig:
@@ -28,6 +29,8 @@ def read_config(path: str) -> ModelConfig:
     with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
     hf_arch = (cfg.get("architectures") or [None])[0]
+    if hf_arch is None:  # some exporters leave `architectures` empty; model_type still says it
+        hf_arch = _MODEL_TYPES.get(cfg.get("model_type"), cfg.get("model_type"))
     if hf_arch not in _ARCHITECTURES:
         raise ValueError(f"unsupported architecture {hf_arch!r}; supported: {', '.join(_ARCHITECTURES)}")
     arch = _ARCHITECTURES[hf_arch]
@@ -36,6 +39,12 @@ def read_config(path: str) -> ModelConfig:
     rope_scaling = cfg.get("rope_scaling") or rope_params or None
     if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) in (None, "default"):
         rope_scaling = None
+    max_positions = cfg.get("max_position_embeddings", 4096)
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", hf_arch == "MistralForCausalLM") else None
+    if window and window < max_positions:
+        # Sliding-window attention is not implemented; within the window it equals full attention,
+        # so cap the context there rather than silently diverge beyond it.
+        max_positions = window
     return ModelConfig(
         architecture=arch,
         name=served_name(os.path.abspath(path)),
@@ -48,7 +57,7 @@ def read_config(path: str) -> ModelConfig:
         vocab_size=cfg["vocab_size"],
         rope_theta=float(cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        max_position_embeddings=max_positions,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         # Qwen2 always has q/k/v bias; Llama exposes it as `attention_bias`.
         attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),

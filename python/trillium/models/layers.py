@@ -76,19 +76,14 @@ class RotaryEmbedding(nn.Module):
         self.cos = freqs.cos().to(device)
         self.sin = freqs.sin().to(device)
 
-    def forward(
-        self,
-        positions: torch.Tensor,  # [T] int64
-        q: torch.Tensor,  # [T, Hq, D]
-        k: torch.Tensor,  # [T, Hkv, D]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D/2]
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, D/2] in ``dtype`` for one step (computed once, shared by every layer)."""
+        return self.cos[positions].to(dtype).unsqueeze(1), self.sin[positions].to(dtype).unsqueeze(1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin, per half (same rounding steps as HF in low precision)."""
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, H, D] by cos/sin [T, 1, D/2]: ``x * cos + rotate_half(x) * sin``, computed per
+    half with the same rounding steps as HF in low precision. Returns a new contiguous tensor."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -19,7 +19,7 @@ This module is the torch reference implementation; the C++ kernel replaces the b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,8 @@ class AttentionMetadata:
     max_context_len: int
     query_lens: list[int]
     context_lens_list: list[int]
+    # Layer-independent derived tensors (gather slots, masks), filled on first use in a step.
+    _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def is_decode_only(self) -> bool:
@@ -128,12 +130,38 @@ def paged_attention(
     return _mixed_attention(query, k_cache, v_cache, meta, scale)
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
-    """Contiguous KV for block rows: [..., num_blocks] ids -> [..., length, Hkv, D]."""
-    gathered = cache[block_ids]  # [..., nb, block_size, Hkv, D]
-    shape = gathered.shape
-    flat = gathered.view(*shape[:-4], shape[-4] * shape[-3], shape[-2], shape[-1])
-    return flat[..., :length, :, :]
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Rows of the flattened cache: [num_blocks, block_size, Hkv, D] at [N] slots -> [N, Hkv, D]."""
+    return cache.view(-1, cache.shape[2], cache.shape[3]).index_select(0, slots)
+
+
+def _context_slots(meta: AttentionMetadata, request: int, context_len: int) -> torch.Tensor:
+    """[context_len] slots holding positions 0 .. context_len - 1 of one request."""
+    num_blocks = -(-context_len // meta.block_size)
+    table = meta.block_tables[request, :num_blocks]
+    offsets = torch.arange(meta.block_size, device=table.device)
+    return (table[:, None] * meta.block_size + offsets).view(-1)[:context_len]
+
+
+def _decode_plan(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-step, layer-independent part of decode attention (computed once, reused by every layer):
+    slots [R * L] of each request's positions 0 .. L-1 (L = max_context_len), and the key-padding
+    mask [R, 1, 1, L] (None when all requests have the same length).
+
+    Padding positions (past a request's context_len) point at that request's own last slot, so the
+    gathered rows are finite K/V the mask hides, never stale or NaN memory of another request.
+    """
+    plan = meta._plans.get("decode")
+    if plan is None:
+        num_requests, max_len, bs = len(meta.context_lens_list), meta.max_context_len, meta.block_size
+        positions = torch.arange(max_len, device=meta.context_lens.device)[None, :]  # [1, L]
+        clamped = torch.minimum(positions, (meta.context_lens - 1)[:, None])  # [R, L]
+        slots = meta.block_tables.gather(1, clamped // bs) * bs + clamped % bs  # [R, L]
+        mask = None
+        if min(meta.context_lens_list) < max_len:
+            mask = (positions < meta.context_lens[:, None]).view(num_requests, 1, 1, max_len)
+        plan = meta._plans["decode"] = (slots.view(-1), mask)
+    return plan
 
 
 def _decode_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -142,42 +170,46 @@ def _decode_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: f
     The G = Hq / Hkv query heads sharing a KV head are laid out as G query rows of that head,
     so GQA needs no K/V repeat, and a key-padding mask hides positions past each context_len.
     """
-    num_requests = query.shape[0]
-    num_q_heads, head_dim = query.shape[1], query.shape[2]
+    num_requests, num_q_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
-    group = num_q_heads // num_kv_heads
     max_len = meta.max_context_len
-    num_blocks = -(-max_len // meta.block_size)
-    tables = meta.block_tables[:, :num_blocks]  # [R, nb]
-    k = _gather(k_cache, tables, max_len).transpose(1, 2)  # [R, Hkv, L, D]
-    v = _gather(v_cache, tables, max_len).transpose(1, 2)  # [R, Hkv, L, D]
-    q = query.view(num_requests, num_kv_heads, group, head_dim)  # [R, Hkv, G, D]
-    positions = torch.arange(max_len, device=query.device)
-    mask = (positions[None, :] < meta.context_lens[:, None]).view(num_requests, 1, 1, max_len)
+    slots, mask = _decode_plan(meta)
+    k = _gather(k_cache, slots).view(num_requests, max_len, num_kv_heads, head_dim).transpose(1, 2)  # [R, Hkv, L, D]
+    v = _gather(v_cache, slots).view(num_requests, max_len, num_kv_heads, head_dim).transpose(1, 2)  # [R, Hkv, L, D]
+    q = query.view(num_requests, num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # [R, Hkv, G, D]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [R, Hkv, G, D]
     return out.reshape(num_requests, num_q_heads, head_dim)
+
+
+def _mixed_plan(meta: AttentionMetadata) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Per request: context slots [ctx] and the causal mask [n, ctx] (None when SDPA's own
+    top-left ``is_causal`` or no mask at all is exact). Computed once per step."""
+    plan = meta._plans.get("mixed")
+    if plan is None:
+        plan = []
+        for r, (query_len, context_len) in enumerate(zip(meta.query_lens, meta.context_lens_list)):
+            mask = None
+            if 1 < query_len < context_len:
+                # Bottom-right alignment: new token i (absolute position ctx - n + i) sees keys <= it.
+                rows = torch.arange(context_len - query_len, context_len, device=meta.context_lens.device)
+                mask = torch.arange(context_len, device=rows.device)[None, :] <= rows[:, None]  # [n, ctx]
+            plan.append((_context_slots(meta, r, context_len), mask))
+        meta._plans["mixed"] = plan
+    return plan
 
 
 def _mixed_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Prefill or mixed batches: one SDPA call per request (the C++ kernel batches these later)."""
     out = torch.empty_like(query)
     start = 0
-    for r, (query_len, context_len) in enumerate(zip(meta.query_lens, meta.context_lens_list)):
-        num_blocks = -(-context_len // meta.block_size)
-        tables = meta.block_tables[r, :num_blocks]
-        k = _gather(k_cache, tables, context_len).transpose(0, 1)  # [Hkv, ctx, D]
-        v = _gather(v_cache, tables, context_len).transpose(0, 1)  # [Hkv, ctx, D]
+    for (slots, mask), query_len, context_len in zip(_mixed_plan(meta), meta.query_lens, meta.context_lens_list):
+        k = _gather(k_cache, slots).transpose(0, 1)  # [Hkv, ctx, D]
+        v = _gather(v_cache, slots).transpose(0, 1)  # [Hkv, ctx, D]
         q = query[start : start + query_len].transpose(0, 1)  # [Hq, n, D]
-        if query_len == context_len:
-            # No cached prefix: SDPA's top-left causal alignment is exactly ours.
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-        elif query_len == 1:
-            o = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
-        else:
-            # Bottom-right alignment: new token i (absolute position ctx - n + i) sees keys <= it.
-            rows = torch.arange(context_len - query_len, context_len, device=query.device)
-            mask = torch.arange(context_len, device=query.device)[None, :] <= rows[:, None]  # [n, ctx]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        # query_len == context_len: no cached prefix, SDPA's top-left causal alignment is ours;
+        # query_len == 1: the one new token sees every key.
+        causal = mask is None and 1 < query_len
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         out[start : start + query_len] = o.transpose(0, 1)  # [n, Hq, D]
         start += query_len
     return out

@@ -74,6 +74,8 @@ class Routes:
         body = decode_body(await request.body(), CompletionRequest)
         self._check_model(body.model)
         prompt = body.prompt
+        if isinstance(prompt, list) and len({type(p) for p in prompt}) > 1:
+            raise APIError("prompt must be a string, a list of strings, or a list of token ids", param="prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
                 raise APIError("batched prompts are not supported; send one prompt per request", param="prompt")

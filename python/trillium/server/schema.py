@@ -53,7 +53,7 @@ class ChatCompletionRequest(_Common, kw_only=True):
 
 
 class CompletionRequest(_Common, kw_only=True):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[str | int]  # text, [text], or token ids (msgspec allows one list type)
 
 
 def decode_body(body: bytes, kind: type[msgspec.Struct]):
