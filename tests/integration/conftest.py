@@ -43,7 +43,8 @@ class ServerProcess:
         raise RuntimeError(f"server did not come up:\n{self.log()}")
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")[-5000:]
 
