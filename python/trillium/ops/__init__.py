@@ -1,7 +1,7 @@
 """Typed wrappers over the attention / KV kernels: the one place that passes tensors to C++.
 
-Torch reference implementations live here until the compiled kernels land; callers code against
-these signatures only.
+``attention`` dispatches CPU tensors to ``trillium._core`` and CUDA tensors to ``trillium._cuda``;
+``attention_ref`` is the torch gather + SDPA reference used by tests and benchmarks.
 """
 
 from trillium.ops.attention import AttentionMetadata, paged_attention, store_kv

@@ -2,7 +2,7 @@
 
 Layout (one pool per layer, owned by the engine):
 
-    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]   contiguous
 
 A request's token at absolute position p lives in block ``block_table[p // block_size]`` at
 offset ``p % block_size``; its flat slot is ``block_id * block_size + offset``.
@@ -13,8 +13,10 @@ One step carries T new tokens from R requests, flattened request-major. Request 
     positions  0 ............ context_len - query_len ......... context_len - 1
                |<-- cached (already in KV) -->|<-- new this step (stored, then attended) -->|
 
-This module is the torch reference implementation; the C++ kernel replaces the bodies of
-:func:`store_kv` and :func:`paged_attention` later, with the same contracts.
+:func:`store_kv` and :func:`paged_attention` are typed wrappers: they check shapes, dtypes and
+devices once, then hand raw pointers to the compiled kernels -- ``trillium._core`` for CPU tensors
+(cpp/include/trillium/kernels/), ``trillium._cuda`` for CUDA tensors (cuda/). The torch
+gather + SDPA version is :mod:`trillium.ops.attention_ref`, the oracle in tests.
 """
 
 from __future__ import annotations
@@ -22,23 +24,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
+
+from trillium import _core
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # as trillium::DType
 
 
 @dataclass
 class AttentionMetadata:
     """One step's batch: T new tokens from R requests, flattened request-major."""
 
-    query_start_loc: torch.Tensor  # [R+1] int64, request r's new tokens are rows [r]:[r+1]
-    context_lens: torch.Tensor  # [R] int64, tokens in KV for request r after this step's store
-    block_tables: torch.Tensor  # [R, max_blocks_per_request] int64 block ids, padded with 0
+    query_start_loc: torch.Tensor  # [R+1] int32, request r's new tokens are rows [r]:[r+1]
+    context_lens: torch.Tensor  # [R] int32, tokens in KV for request r after this step's store
+    block_tables: torch.Tensor  # [R, max_blocks_per_request] int32 block ids, padded with 0
     slot_mapping: torch.Tensor  # [T] int64, block_id * block_size + offset of each new token
     block_size: int
     max_query_len: int  # python ints precomputed so the op never syncs on .item()
     max_context_len: int
     query_lens: list[int]
     context_lens_list: list[int]
-    # Layer-independent derived tensors (gather slots, masks), filled on first use in a step.
+    # Layer-independent derived values (kernel argument tuples, reference gather plans), filled on
+    # first use in a step and reused by every layer.
     _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -83,9 +89,9 @@ class AttentionMetadata:
         max_blocks = max((len(t) for t in block_tables), default=0)
         padded = [list(t) + [0] * (max_blocks - len(t)) for t in block_tables]
         return cls(
-            query_start_loc=torch.tensor(starts, dtype=torch.int64, device=device),
-            context_lens=torch.tensor(context_lens, dtype=torch.int64, device=device),
-            block_tables=torch.tensor(padded, dtype=torch.int64, device=device).view(num_requests, max_blocks),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=device).view(num_requests, max_blocks),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
             block_size=block_size,
             max_query_len=max(query_lens, default=0),
@@ -104,11 +110,27 @@ def store_kv(
 ) -> None:
     """Write each new token's K/V into its slot, in place, casting to the cache dtype.
 
-    Only the T slots named by ``slot_mapping`` are written; every other slot is untouched.
+    Only the T slots named by ``slot_mapping`` are written (a negative slot skips its token);
+    every other slot is untouched. ValueError on mismatched shapes, dtypes or devices, or a slot
+    outside the pool (nothing is written then).
     """
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    cache = _cache_spec(k_cache, v_cache)
+    num_tokens = key.shape[0]
+    key_spec = _rows_spec(key, "key", k_cache.shape[2], k_cache.shape[3])
+    value_spec = _rows_spec(value, "value", k_cache.shape[2], k_cache.shape[3])
+    if value.shape[0] != num_tokens or key.dtype != value.dtype:
+        raise ValueError(f"key {tuple(key.shape)} {key.dtype} and value {tuple(value.shape)} {value.dtype} differ")
+    if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (num_tokens,) or not slot_mapping.is_contiguous():
+        raise ValueError(f"slot_mapping must be a contiguous int64 [{num_tokens}] tensor, got "
+                         f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+    _check_device(k_cache, key, value, slot_mapping)
+    if num_tokens == 0:
+        return
+    if k_cache.is_cuda:
+        _cuda_module().store_kv(key_spec, value_spec, cache, slot_mapping.data_ptr(), num_tokens,
+                                _cuda_stream(k_cache))
+    else:
+        _core.store_kv(key_spec, value_spec, cache, slot_mapping.data_ptr(), num_tokens, torch.get_num_threads())
 
 
 def paged_attention(
@@ -121,95 +143,100 @@ def paged_attention(
     """Causal attention of each new token over its request's KV (this step's K/V already stored).
 
     New token i of request r sits at absolute position ``context_len - query_len + i`` and sees
-    KV positions ``<= `` its own. Hq must be a multiple of Hkv (grouped-query attention).
-    Computes in the cache dtype.
+    KV positions ``<=`` its own. Hq must be a multiple of Hkv (grouped-query attention) and
+    head_dim a multiple of 16. Softmax and accumulation in fp32; the result is in the cache dtype.
+    ValueError on mismatched shapes, dtypes or devices, or metadata inconsistent with the pool.
     """
-    query = query.to(k_cache.dtype)
-    if meta.is_decode_only:
-        return _decode_attention(query, k_cache, v_cache, meta, scale)
-    return _mixed_attention(query, k_cache, v_cache, meta, scale)
-
-
-def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Rows of the flattened cache: [num_blocks, block_size, Hkv, D] at [N] slots -> [N, Hkv, D]."""
-    return cache.view(-1, cache.shape[2], cache.shape[3]).index_select(0, slots)
-
-
-def _context_slots(meta: AttentionMetadata, request: int, context_len: int) -> torch.Tensor:
-    """[context_len] slots holding positions 0 .. context_len - 1 of one request."""
-    num_blocks = -(-context_len // meta.block_size)
-    table = meta.block_tables[request, :num_blocks]
-    offsets = torch.arange(meta.block_size, device=table.device)
-    return (table[:, None] * meta.block_size + offsets).view(-1)[:context_len]
-
-
-def _decode_plan(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-step, layer-independent part of decode attention (computed once, reused by every layer):
-    slots [R * L] of each request's positions 0 .. L-1 (L = max_context_len), and the key-padding
-    mask [R, 1, 1, L] (None when all requests have the same length).
-
-    Padding positions (past a request's context_len) point at that request's own last slot, so the
-    gathered rows are finite K/V the mask hides, never stale or NaN memory of another request.
-    """
-    plan = meta._plans.get("decode")
-    if plan is None:
-        num_requests, max_len, bs = len(meta.context_lens_list), meta.max_context_len, meta.block_size
-        positions = torch.arange(max_len, device=meta.context_lens.device)[None, :]  # [1, L]
-        clamped = torch.minimum(positions, (meta.context_lens - 1)[:, None])  # [R, L]
-        slots = meta.block_tables.gather(1, clamped // bs) * bs + clamped % bs  # [R, L]
-        mask = None
-        if min(meta.context_lens_list) < max_len:
-            mask = (positions < meta.context_lens[:, None]).view(num_requests, 1, 1, max_len)
-        plan = meta._plans["decode"] = (slots.view(-1), mask)
-    return plan
-
-
-def _decode_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """One new token per request: one padded gather and one SDPA call for the whole batch.
-
-    The G = Hq / Hkv query heads sharing a KV head are laid out as G query rows of that head,
-    so GQA needs no K/V repeat, and a key-padding mask hides positions past each context_len.
-    """
-    num_requests, num_q_heads, head_dim = query.shape
-    num_kv_heads = k_cache.shape[2]
-    max_len = meta.max_context_len
-    slots, mask = _decode_plan(meta)
-    k = _gather(k_cache, slots).view(num_requests, max_len, num_kv_heads, head_dim).transpose(1, 2)  # [R, Hkv, L, D]
-    v = _gather(v_cache, slots).view(num_requests, max_len, num_kv_heads, head_dim).transpose(1, 2)  # [R, Hkv, L, D]
-    q = query.view(num_requests, num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # [R, Hkv, G, D]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # [R, Hkv, G, D]
-    return out.reshape(num_requests, num_q_heads, head_dim)
-
-
-def _mixed_plan(meta: AttentionMetadata) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Per request: context slots [ctx] and the causal mask [n, ctx] (None when SDPA's own
-    top-left ``is_causal`` or no mask at all is exact). Computed once per step."""
-    plan = meta._plans.get("mixed")
-    if plan is None:
-        plan = []
-        for r, (query_len, context_len) in enumerate(zip(meta.query_lens, meta.context_lens_list)):
-            mask = None
-            if 1 < query_len < context_len:
-                # Bottom-right alignment: new token i (absolute position ctx - n + i) sees keys <= it.
-                rows = torch.arange(context_len - query_len, context_len, device=meta.context_lens.device)
-                mask = torch.arange(context_len, device=rows.device)[None, :] <= rows[:, None]  # [n, ctx]
-            plan.append((_context_slots(meta, r, context_len), mask))
-        meta._plans["mixed"] = plan
-    return plan
-
-
-def _mixed_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Prefill or mixed batches: one SDPA call per request (the C++ kernel batches these later)."""
-    out = torch.empty_like(query)
-    start = 0
-    for (slots, mask), query_len, context_len in zip(_mixed_plan(meta), meta.query_lens, meta.context_lens_list):
-        k = _gather(k_cache, slots).transpose(0, 1)  # [Hkv, ctx, D]
-        v = _gather(v_cache, slots).transpose(0, 1)  # [Hkv, ctx, D]
-        q = query[start : start + query_len].transpose(0, 1)  # [Hq, n, D]
-        # query_len == context_len: no cached prefix, SDPA's top-left causal alignment is ours;
-        # query_len == 1: the one new token sees every key.
-        causal = mask is None and 1 < query_len
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
-        out[start : start + query_len] = o.transpose(0, 1)  # [n, Hq, D]
-        start += query_len
+    cache = _cache_spec(k_cache, v_cache)
+    num_tokens, num_q_heads, head_dim = query.shape
+    query_spec = _rows_spec(query, "query", num_q_heads, k_cache.shape[3])
+    if num_tokens != len(meta.slot_mapping):
+        raise ValueError(f"query has {num_tokens} tokens, the metadata {len(meta.slot_mapping)}")
+    _check_device(k_cache, query, meta.block_tables)
+    out = torch.empty(num_tokens, num_q_heads, head_dim, dtype=k_cache.dtype, device=query.device)
+    if num_tokens == 0:
+        return out
+    out_spec = (out.data_ptr(), num_q_heads, num_q_heads * head_dim, head_dim, _DTYPE_CODES[out.dtype])
+    batch = meta._plans.get("kernel_batch")
+    if batch is None:
+        batch = meta._plans["kernel_batch"] = _batch_spec(meta)
+    decode = meta.is_decode_only
+    if query.is_cuda:
+        _cuda_module().paged_attention(query_spec, out_spec, cache, batch, float(scale), decode,
+                                       meta.max_query_len, _cuda_stream(query))
+    else:
+        _core.paged_attention(query_spec, out_spec, cache, batch, float(scale), torch.get_num_threads(), decode)
     return out
+
+
+# ------------------------------------------------------------------------------------------ checks
+def _cache_spec(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple:
+    """(k_ptr, v_ptr, dtype code, num_blocks, block_size, num_kv_heads, head_dim) of a checked pool."""
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache {tuple(v_cache.shape)} "
+                         f"{v_cache.dtype} must be equal [num_blocks, block_size, num_kv_heads, head_dim] pools")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+    code = _DTYPE_CODES.get(k_cache.dtype)
+    if code is None:
+        raise ValueError(f"cache dtype must be float32 or bfloat16, got {k_cache.dtype}")
+    if k_cache.device != v_cache.device:
+        raise ValueError(f"k_cache on {k_cache.device}, v_cache on {v_cache.device}")
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    return (k_cache.data_ptr(), v_cache.data_ptr(), code, num_blocks, block_size, num_kv_heads, head_dim)
+
+
+def _rows_spec(x: torch.Tensor, name: str, num_heads: int, head_dim: int) -> tuple:
+    """(data_ptr, num_heads, stride_token, stride_head, dtype code) of a [T, num_heads, head_dim] tensor
+    whose last dimension is contiguous (token and head strides are free: views of a fused QKV work)."""
+    if x.dim() != 3 or x.shape[1] != num_heads or x.shape[2] != head_dim:
+        raise ValueError(f"{name} must be [T, {num_heads}, {head_dim}], got {tuple(x.shape)}")
+    code = _DTYPE_CODES.get(x.dtype)
+    if code is None:
+        raise ValueError(f"{name} dtype must be float32 or bfloat16, got {x.dtype}")
+    if x.stride(2) != 1 and head_dim > 1:
+        raise ValueError(f"{name} must have a contiguous last dimension, strides {x.stride()}")
+    return (x.data_ptr(), num_heads, x.stride(0), x.stride(1), code)
+
+
+def _check_device(cache: torch.Tensor, *tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if t.device != cache.device:
+            raise ValueError(f"tensor on {t.device}, KV cache on {cache.device}")
+
+
+def _batch_spec(meta: AttentionMetadata) -> tuple:
+    """(num_requests, num_tokens, query_start_loc_ptr, context_lens_ptr, block_tables_ptr, table stride)."""
+    tensors = (meta.query_start_loc, meta.context_lens, meta.block_tables)
+    if any(t.dtype != torch.int32 or not t.is_contiguous() for t in tensors):
+        raise ValueError("query_start_loc, context_lens and block_tables must be contiguous int32 "
+                         "(use AttentionMetadata.build)")
+    num_requests = len(meta.context_lens_list)
+    return (
+        num_requests,
+        len(meta.slot_mapping),
+        meta.query_start_loc.data_ptr(),
+        meta.context_lens.data_ptr(),
+        meta.block_tables.data_ptr(),
+        meta.block_tables.shape[1] if meta.block_tables.dim() == 2 else 0,
+    )
+
+
+# ------------------------------------------------------------------------------------------ CUDA
+_CUDA = None
+
+
+def _cuda_module():
+    """trillium._cuda, imported on first use; RuntimeError naming the cause when it is absent."""
+    global _CUDA
+    if _CUDA is None:
+        try:
+            from trillium import _cuda
+        except ImportError as exc:
+            raise RuntimeError(f"CUDA tensors need trillium._cuda, which is not built here: {exc}") from exc
+        _CUDA = _cuda
+    return _CUDA
+
+
+def _cuda_stream(t: torch.Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream

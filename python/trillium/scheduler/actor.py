@@ -57,6 +57,8 @@ class SchedulerActor(Actor):
         # One model step at a time: the executor owns the model and the KV tensors.
         self._step_limiter = trio.CapacityLimiter(1)
         self.num_steps = 0
+        self.step_seconds = 0.0  # time inside executor.execute, for /stats and benchmarks
+        self.num_step_tokens = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -123,6 +125,7 @@ class SchedulerActor(Actor):
             with trio.move_on_after(0.05):
                 self._apply(await self.inbox.receive())
             return
+        start = time.perf_counter()
         try:
             output = await trio.to_thread.run_sync(
                 self.executor.execute, plan.step_input, limiter=self._step_limiter, abandon_on_cancel=False
@@ -133,6 +136,8 @@ class SchedulerActor(Actor):
                 self._deliver_error(request, f"internal error: {type(exc).__name__}: {exc}")
             return
         self.num_steps += 1
+        self.step_seconds += time.perf_counter() - start
+        self.num_step_tokens += sum(n for _, n in plan.scheduled)
         now = time.monotonic()
         for update in self.policy.update(plan, output):
             self._deliver(update, now)
@@ -175,4 +180,6 @@ class SchedulerActor(Actor):
             "num_total_blocks": blocks.num_total_blocks,
             "num_preemptions": self.policy.num_preemptions,
             "num_steps": self.num_steps,
+            "num_step_tokens": self.num_step_tokens,
+            "step_seconds": round(self.step_seconds, 3),
         }

@@ -1,0 +1,78 @@
+// Internal: the per-work-item interface between the generic driver (paged_attention.cc: validation,
+// work split, OpenMP, output writes) and the per-ISA inner loops (attention_isa_*.cc).
+//
+// An inner loop sees fp32 queries already multiplied by scale * log2(e), so softmax runs in base 2
+// (exp2), and leaves an unnormalized state per query row: running max m (log2 domain), running sum
+// l and accumulator acc = sum_j 2^(s_j - m) * v_j. The driver merges states and divides by l.
+#pragma once
+
+#include <cstdint>
+
+#include "trillium/kernels/dtype.h"
+
+namespace trillium::kernels {
+
+// Keys and values of one request and one KV head, as the inner loops walk them.
+struct KVView {
+  const void* k = nullptr;  // pool base, already offset to this KV head
+  const void* v = nullptr;
+  const int32_t* block_table = nullptr;  // this request's row
+  int64_t block_stride = 0;              // elements between blocks
+  int64_t token_stride = 0;              // elements between tokens of a block (num_kv_heads * head_dim)
+  int32_t block_size = 0;
+  int32_t head_dim = 0;  // multiple of 16
+};
+
+// Decode: G query rows (the query heads of one KV head, one token) against keys [key_begin, key_end).
+struct DecodeWork {
+  KVView kv;
+  int32_t num_rows = 0;  // G
+  const float* q = nullptr;  // [G, head_dim], pre-scaled
+  int32_t key_begin = 0, key_end = 0;  // key_end > key_begin
+  float* acc = nullptr;  // [G, head_dim] out, unnormalized
+  float* m = nullptr;    // [G] out
+  float* l = nullptr;    // [G] out
+  float* scratch = nullptr;  // >= decode_scratch_floats(head_dim, G)
+};
+
+// Extend: num_queries consecutive new tokens x G heads = num_queries * G rows (row = i * G + g);
+// query i sits at position first_pos + i and sees keys [0, first_pos + i].
+struct ExtendWork {
+  KVView kv;
+  int32_t group = 0;        // G
+  int32_t num_queries = 0;  // >= 1
+  int32_t first_pos = 0;
+  const float* q = nullptr;  // [num_queries * G, head_dim], pre-scaled
+  float* acc = nullptr;      // [rows, head_dim] out, unnormalized
+  float* m = nullptr;        // [rows] out
+  float* l = nullptr;        // [rows] out
+  float* scratch = nullptr;  // >= extend_scratch_floats(head_dim)
+};
+
+// Upper bounds of the per-ISA blocking constants (simd_*.h), which size the scratch buffers.
+constexpr int kMaxChunk = 64;     // keys per extend chunk
+constexpr int kMaxRowBlock = 16;  // query rows per extend register block
+
+inline int64_t decode_scratch_floats(int32_t head_dim, int32_t group) {
+  return 16 * static_cast<int64_t>(head_dim) + 16 * static_cast<int64_t>(group);
+}
+inline int64_t extend_scratch_floats(int32_t head_dim) {
+  return 2 * kMaxChunk * static_cast<int64_t>(head_dim) + kMaxRowBlock * kMaxChunk;
+}
+
+using DecodeFn = void (*)(const DecodeWork&);
+using ExtendFn = void (*)(const ExtendWork&);
+
+// One ISA's inner loops, indexed by KV dtype (0: fp32, 1: bf16).
+struct IsaKernels {
+  DecodeFn decode[2];
+  ExtendFn extend[2];
+};
+
+IsaKernels portable_kernels();
+#if defined(__x86_64__) || defined(_M_X64)
+IsaKernels avx2_kernels();
+IsaKernels avx512_kernels();
+#endif
+
+}  // namespace trillium::kernels

@@ -1,0 +1,407 @@
+// Paged attention driver: validates once, splits the batch into work items, runs them over OpenMP
+// threads through the active ISA's inner loops (kernels/attention_impl.h), merges split-key partial
+// states and writes the output in its dtype.
+//
+// Work items:
+//   decode  (request, KV head, key range)   ranges of >= kMinSplitKeys keys, block-aligned; the last
+//                                           range of a (request, KV head) to finish merges them all
+//   extend  (request, KV head, query tile)  tiles of ~kTileRows query rows (tokens x G heads);
+//                                           query_len == 1 requests use the decode loop, unsplit
+#include "trillium/kernels/paged_attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels/attention_work.h"
+
+namespace trillium {
+namespace {
+
+using kernels::DecodeWork;
+using kernels::ExtendWork;
+using kernels::IsaKernels;
+using kernels::KVView;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int32_t kMinSplitKeys = 256;  // shorter key ranges cost more in merging than they balance
+constexpr int32_t kTileRows = 96;       // extend: query rows (tokens x G) per work item
+constexpr int32_t kMaxHeadDim = 1024;
+
+// ------------------------------------------------------------------------------------ ISA choice
+KernelIsa best_isa() {
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return KernelIsa::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return KernelIsa::kAvx2;
+#endif
+  return KernelIsa::kPortable;
+}
+
+std::atomic<int32_t>& active_isa() {
+  static std::atomic<int32_t> isa{static_cast<int32_t>(best_isa())};
+  return isa;
+}
+
+const IsaKernels& isa_kernels(KernelIsa isa) {
+  static const IsaKernels portable = kernels::portable_kernels();
+#if defined(__x86_64__) || defined(_M_X64)
+  static const IsaKernels avx2 = kernels::avx2_kernels();
+  static const IsaKernels avx512 = kernels::avx512_kernels();
+  if (isa == KernelIsa::kAvx512) return avx512;
+  if (isa == KernelIsa::kAvx2) return avx2;
+#endif
+  (void)isa;
+  return portable;
+}
+
+// ------------------------------------------------------------------------------------ validation
+Status bad(const std::string& what) { return Status::InvalidArgument("paged_attention: " + what); }
+
+Status validate(const PagedAttentionArgs& a, bool decode) {
+  if (!valid_dtype(a.query_dtype) || !valid_dtype(a.out_dtype) || !valid_dtype(a.kv_dtype)) {
+    return bad("dtypes must be float32 or bfloat16");
+  }
+  if (a.head_dim <= 0 || a.head_dim % 16 != 0 || a.head_dim > kMaxHeadDim) {
+    return bad("head_dim must be a positive multiple of 16 up to " + std::to_string(kMaxHeadDim) + ", got " +
+               std::to_string(a.head_dim));
+  }
+  if (a.num_kv_heads <= 0 || a.num_q_heads <= 0 || a.num_q_heads % a.num_kv_heads != 0) {
+    return bad("num_q_heads (" + std::to_string(a.num_q_heads) + ") must be a positive multiple of num_kv_heads (" +
+               std::to_string(a.num_kv_heads) + ")");
+  }
+  if (a.block_size <= 0 || a.num_blocks < 0 || a.num_requests < 0 || a.num_tokens < 0) {
+    return bad("block_size must be > 0 and num_blocks, num_requests, num_tokens >= 0");
+  }
+  if (decode && a.num_tokens != a.num_requests) {
+    return bad("decode needs one token per request, got " + std::to_string(a.num_tokens) + " tokens for " +
+               std::to_string(a.num_requests) + " requests");
+  }
+  if (a.num_requests == 0) return a.num_tokens == 0 ? Status::Ok() : bad("tokens without requests");
+  if (a.context_lens == nullptr || a.block_tables == nullptr || a.k_cache == nullptr || a.v_cache == nullptr) {
+    return bad("null context_lens, block_tables or cache pointer");
+  }
+  if (a.num_tokens > 0 && (a.query == nullptr || a.out == nullptr)) return bad("null query or out pointer");
+  if (!decode) {
+    if (a.query_start_loc == nullptr) return bad("extend needs query_start_loc");
+    if (a.query_start_loc[0] != 0 || a.query_start_loc[a.num_requests] != a.num_tokens) {
+      return bad("query_start_loc must run from 0 to num_tokens (" + std::to_string(a.num_tokens) + ")");
+    }
+  }
+  for (int32_t r = 0; r < a.num_requests; ++r) {
+    const int32_t ctx = a.context_lens[r];
+    const int32_t qlen = decode ? 1 : a.query_start_loc[r + 1] - a.query_start_loc[r];
+    if (qlen < 0 || ctx < qlen || (decode && ctx < 1)) {
+      return bad("request " + std::to_string(r) + ": need 0 <= query_len <= context_len (and context_len >= 1 "
+                 "for decode), got query_len " + std::to_string(qlen) + ", context_len " + std::to_string(ctx));
+    }
+    const int64_t blocks = (static_cast<int64_t>(ctx) + a.block_size - 1) / a.block_size;
+    if (blocks > a.block_table_stride) {
+      return bad("request " + std::to_string(r) + ": context_len " + std::to_string(ctx) + " needs " +
+                 std::to_string(blocks) + " blocks, the block table has " + std::to_string(a.block_table_stride));
+    }
+    const int32_t* table = a.block_tables + r * a.block_table_stride;
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (table[b] < 0 || table[b] >= a.num_blocks) {
+        return bad("request " + std::to_string(r) + ": block id " + std::to_string(table[b]) + " outside [0, " +
+                   std::to_string(a.num_blocks) + ")");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------------------------------ helpers
+int thread_count(const PagedAttentionArgs& a) {
+#ifdef _OPENMP
+  return a.num_threads > 0 ? a.num_threads : omp_get_max_threads();
+#else
+  (void)a;
+  return 1;
+#endif
+}
+
+float load_elem(const void* base, DType t, int64_t i) {
+  return t == DType::kF32 ? static_cast<const float*>(base)[i] : bf16_to_f32(static_cast<const bf16_t*>(base)[i]);
+}
+
+// Query rows of `num_tokens` tokens from `token`, heads [head, head + G): fp32, times scale * log2(e).
+// Row order: token-major, then head ([i * G + g]).
+void load_queries(const PagedAttentionArgs& a, int64_t token, int32_t num_tokens, int32_t head, int32_t G, float* dst) {
+  const float s = a.scale * kLog2e;
+  for (int32_t i = 0; i < num_tokens; ++i) {
+    for (int32_t g = 0; g < G; ++g) {
+      const int64_t base = (token + i) * a.query_stride_token + (head + g) * a.query_stride_head;
+      float* row = dst + (static_cast<int64_t>(i) * G + g) * a.head_dim;
+      for (int32_t d = 0; d < a.head_dim; ++d) row[d] = load_elem(a.query, a.query_dtype, base + d) * s;
+    }
+  }
+}
+
+// out[token + i, head + g] = acc[row] / l[row] for the same row order as load_queries.
+void write_rows(const PagedAttentionArgs& a, int64_t token, int32_t num_tokens, int32_t head, int32_t G,
+                const float* acc, const float* l) {
+  for (int32_t i = 0; i < num_tokens; ++i) {
+    for (int32_t g = 0; g < G; ++g) {
+      const int64_t row = static_cast<int64_t>(i) * G + g;
+      const float inv = 1.0f / l[row];
+      const float* src = acc + row * a.head_dim;
+      const int64_t base = (token + i) * a.out_stride_token + (head + g) * a.out_stride_head;
+      if (a.out_dtype == DType::kF32) {
+        float* o = static_cast<float*>(a.out) + base;
+        for (int32_t d = 0; d < a.head_dim; ++d) o[d] = src[d] * inv;
+      } else {
+        bf16_t* o = static_cast<bf16_t*>(a.out) + base;
+        for (int32_t d = 0; d < a.head_dim; ++d) o[d] = f32_to_bf16(src[d] * inv);
+      }
+    }
+  }
+}
+
+KVView kv_view(const PagedAttentionArgs& a, int32_t request, int32_t kv_head) {
+  KVView kv;
+  const int64_t head_offset = static_cast<int64_t>(kv_head) * a.head_dim;
+  const int64_t esize = dtype_size(a.kv_dtype);
+  kv.k = static_cast<const char*>(a.k_cache) + head_offset * esize;
+  kv.v = static_cast<const char*>(a.v_cache) + head_offset * esize;
+  kv.block_table = a.block_tables + request * a.block_table_stride;
+  kv.token_stride = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
+  kv.block_stride = kv.token_stride * a.block_size;
+  kv.block_size = a.block_size;
+  kv.head_dim = a.head_dim;
+  return kv;
+}
+
+// Per-thread scratch, grown on demand and kept for the next call (OpenMP threads persist).
+float* thread_scratch(int64_t floats) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < floats) buf.resize(static_cast<size_t>(floats));
+  return buf.data();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------- API
+KernelIsa kernel_isa() { return static_cast<KernelIsa>(active_isa().load(std::memory_order_relaxed)); }
+
+bool kernel_isa_supported(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kPortable:
+      return true;
+    case KernelIsa::kAvx2:
+      return best_isa() != KernelIsa::kPortable;
+    case KernelIsa::kAvx512:
+      return best_isa() == KernelIsa::kAvx512;
+  }
+  return false;
+}
+
+Status set_kernel_isa(KernelIsa isa) {
+  if (!kernel_isa_supported(isa)) {
+    return Status::InvalidArgument(std::string("kernel ISA ") + kernel_isa_name(isa) + " is not supported here");
+  }
+  active_isa().store(static_cast<int32_t>(isa), std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+const char* kernel_isa_name(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kPortable:
+      return "portable";
+    case KernelIsa::kAvx2:
+      return "avx2";
+    case KernelIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+Status paged_attention_decode(const PagedAttentionArgs& a) {
+  if (Status st = validate(a, /*decode=*/true); !st.ok()) return st;
+  if (a.num_requests == 0) return Status::Ok();
+  const int32_t R = a.num_requests, H = a.num_kv_heads, G = a.num_q_heads / a.num_kv_heads, D = a.head_dim;
+  const int threads = thread_count(a);
+  const kernels::DecodeFn decode = isa_kernels(kernel_isa()).decode[a.kv_dtype == DType::kBF16];
+
+  // Split long contexts so that there are about 8 items per thread; never below kMinSplitKeys keys.
+  int64_t total_keys = 0;
+  for (int32_t r = 0; r < R; ++r) total_keys += a.context_lens[r];
+  int64_t split_len = INT32_MAX;
+  if (threads > 1) {
+    split_len = std::max<int64_t>(kMinSplitKeys, total_keys * H / (8 * threads));
+    split_len = (split_len + a.block_size - 1) / a.block_size * a.block_size;
+  }
+  struct Item {
+    int32_t request, kv_head, key_begin, key_end;
+    int32_t split, num_splits;
+  };
+  std::vector<Item> items;
+  std::vector<int64_t> partial_base(R, -1);  // first partial slot of (request, head 0, split 0)
+  int64_t num_partials = 0;
+  for (int32_t r = 0; r < R; ++r) {
+    const int32_t ctx = a.context_lens[r];
+    const int32_t splits = static_cast<int32_t>((ctx + split_len - 1) / split_len);
+    if (splits > 1) {
+      partial_base[r] = num_partials;
+      num_partials += static_cast<int64_t>(H) * splits;
+    }
+    for (int32_t h = 0; h < H; ++h) {
+      for (int32_t s = 0; s < splits; ++s) {
+        const int32_t begin = static_cast<int32_t>(s * split_len);
+        const int32_t end = static_cast<int32_t>(std::min<int64_t>(ctx, begin + split_len));
+        items.push_back({r, h, begin, end, s, splits});
+      }
+    }
+  }
+  // Partial states of split items: [slot][G * (D + 2)] = acc [G, D], m [G], l [G].
+  const int64_t slot_floats = static_cast<int64_t>(G) * (D + 2);
+  std::vector<float> partials(static_cast<size_t>(num_partials * slot_floats));
+  std::vector<std::atomic<int32_t>> remaining(static_cast<size_t>(num_partials > 0 ? R * H : 0));
+  for (int32_t r = 0; r < R && num_partials > 0; ++r) {
+    const int32_t splits = static_cast<int32_t>((a.context_lens[r] + split_len - 1) / split_len);
+    for (int32_t h = 0; h < H; ++h) remaining[static_cast<size_t>(r) * H + h].store(splits, std::memory_order_relaxed);
+  }
+
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  const int64_t own_floats = static_cast<int64_t>(G) * D * 2 + 2 * G;
+  const int64_t scratch_floats = own_floats + kernels::decode_scratch_floats(D, G);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && num_items > 1)
+  for (int64_t i = 0; i < num_items; ++i) {
+    const Item& it = items[static_cast<size_t>(i)];
+    float* buf = thread_scratch(scratch_floats);
+    float* q = buf;
+    DecodeWork w;
+    w.kv = kv_view(a, it.request, it.kv_head);
+    w.num_rows = G;
+    w.q = q;
+    w.key_begin = it.key_begin;
+    w.key_end = it.key_end;
+    w.scratch = buf + own_floats;
+    load_queries(a, it.request, 1, it.kv_head * G, G, q);
+    if (it.num_splits == 1) {
+      w.acc = q + G * D;
+      w.m = w.acc + G * D;
+      w.l = w.m + G;
+      decode(w);
+      write_rows(a, it.request, 1, it.kv_head * G, G, w.acc, w.l);
+      continue;
+    }
+    const int64_t first_slot = partial_base[it.request] + static_cast<int64_t>(it.kv_head) * it.num_splits;
+    float* slot = partials.data() + (first_slot + it.split) * slot_floats;
+    w.acc = slot;
+    w.m = slot + G * D;
+    w.l = w.m + G;
+    decode(w);
+    // The last split of this (request, KV head) to finish merges all of them (acq_rel: it sees
+    // every other split's writes).
+    if (remaining[static_cast<size_t>(it.request) * H + it.kv_head].fetch_sub(1, std::memory_order_acq_rel) != 1) {
+      continue;
+    }
+    float* acc = q + G * D;
+    float* l = acc + G * D;
+    for (int32_t g = 0; g < G; ++g) {
+      float m_max = -INFINITY;
+      for (int32_t s = 0; s < it.num_splits; ++s) {
+        m_max = std::max(m_max, partials[(first_slot + s) * slot_floats + G * D + g]);
+      }
+      float l_sum = 0.0f;
+      float* out_row = acc + g * D;
+      std::fill(out_row, out_row + D, 0.0f);
+      for (int32_t s = 0; s < it.num_splits; ++s) {
+        const float* p = partials.data() + (first_slot + s) * slot_floats;
+        const float w_s = std::exp2(p[G * D + g] - m_max);
+        l_sum += p[G * D + G + g] * w_s;
+        for (int32_t d = 0; d < D; ++d) out_row[d] += p[g * D + d] * w_s;
+      }
+      l[g] = l_sum;
+    }
+    write_rows(a, it.request, 1, it.kv_head * G, G, acc, l);
+  }
+  return Status::Ok();
+}
+
+Status paged_attention_extend(const PagedAttentionArgs& a) {
+  if (Status st = validate(a, /*decode=*/false); !st.ok()) return st;
+  if (a.num_tokens == 0) return Status::Ok();
+  const int32_t R = a.num_requests, H = a.num_kv_heads, G = a.num_q_heads / a.num_kv_heads, D = a.head_dim;
+  const int threads = thread_count(a);
+  const IsaKernels& k = isa_kernels(kernel_isa());
+  const int dt = a.kv_dtype == DType::kBF16;
+  const int32_t tile = std::max<int32_t>(1, kTileRows / G);  // query tokens per item
+
+  struct Item {
+    int32_t request, kv_head, first_query, num_queries;
+    int64_t cost;  // ~ rows x keys, to start the expensive items first
+  };
+  std::vector<Item> items;
+  for (int32_t r = 0; r < R; ++r) {
+    const int32_t qlen = a.query_start_loc[r + 1] - a.query_start_loc[r];
+    const int32_t ctx = a.context_lens[r];
+    for (int32_t i0 = 0; i0 < qlen; i0 += tile) {
+      const int32_t nq = std::min(tile, qlen - i0);
+      const int64_t keys = ctx - qlen + i0 + nq;
+      for (int32_t h = 0; h < H; ++h) items.push_back({r, h, i0, nq, keys * nq});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  const int64_t rows_max = static_cast<int64_t>(tile) * G;
+  const int64_t own_floats = rows_max * D * 2 + 2 * rows_max;
+  const int64_t scratch_floats =
+      own_floats + std::max(kernels::extend_scratch_floats(D), kernels::decode_scratch_floats(D, G));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && num_items > 1)
+  for (int64_t i = 0; i < num_items; ++i) {
+    const Item& it = items[static_cast<size_t>(i)];
+    const int32_t qlen = a.query_start_loc[it.request + 1] - a.query_start_loc[it.request];
+    const int32_t ctx = a.context_lens[it.request];
+    const int64_t token = a.query_start_loc[it.request] + it.first_query;
+    const int64_t rows = static_cast<int64_t>(it.num_queries) * G;
+    float* buf = thread_scratch(scratch_floats);
+    float* q = buf;
+    float* acc = q + rows * D;
+    float* m = acc + rows * D;
+    float* l = m + rows;
+    float* scratch = buf + own_floats;
+    load_queries(a, token, it.num_queries, it.kv_head * G, G, q);
+    if (qlen == 1) {  // a decode row in a mixed batch: all keys, no transposed chunks needed
+      DecodeWork w;
+      w.kv = kv_view(a, it.request, it.kv_head);
+      w.num_rows = G;
+      w.q = q;
+      w.key_begin = 0;
+      w.key_end = ctx;
+      w.acc = acc;
+      w.m = m;
+      w.l = l;
+      w.scratch = scratch;
+      k.decode[dt](w);
+    } else {
+      ExtendWork w;
+      w.kv = kv_view(a, it.request, it.kv_head);
+      w.group = G;
+      w.num_queries = it.num_queries;
+      w.first_pos = ctx - qlen + it.first_query;
+      w.q = q;
+      w.acc = acc;
+      w.m = m;
+      w.l = l;
+      w.scratch = scratch;
+      k.extend[dt](w);
+    }
+    write_rows(a, token, it.num_queries, it.kv_head * G, G, acc, l);
+  }
+  return Status::Ok();
+}
+
+}  // namespace trillium
