@@ -1,4 +1,4 @@
-"""A fake executor for scheduler tests: checks what the policy asks of it, samples by position."""
+"""A fake executor for scheduler tests: a paged "KV cache" of token ids, sampling by position."""
 
 from __future__ import annotations
 
@@ -6,16 +6,21 @@ from trillium.protocol import StepInput, StepOutput
 
 
 class FakeExecutor:
-    """Keeps each request's "KV" (the tokens computed so far) and checks step inputs against it.
+    """Stores each computed token id in its KV slot (block_id * block_size + offset) and checks
+    every step against that store: the positions before ``start_pos`` must already be in the
+    request's blocks. A request that starts mid-sequence (a prefix-cache hit, or readmission
+    after preemption) has the tokens it reused recorded in ``reused`` for the test to check.
 
-    The sampled token depends only on its position, so a preempted request that recomputes
-    produces exactly the same output as one that never was preempted.
+    The sampled token depends only on its position, so preemption, recompute and cache hits
+    must not change any output.
     """
 
     def __init__(self, block_size: int, vocab: int = 1000, eos_at: dict[str, int] | None = None) -> None:
         self.block_size = block_size
         self.vocab = vocab
+        self.slots: dict[int, int] = {}
         self.kv: dict[str, list[int]] = {}
+        self.reused: dict[str, list[int]] = {}
         self.steps: list[StepInput] = []
         self.eos_at = eos_at or {}  # request id -> position at which to emit token 0
 
@@ -23,19 +28,25 @@ class FakeExecutor:
     def token_at(position: int, vocab: int = 1000) -> int:
         return 10 + position % (vocab - 10)
 
+    def _slot(self, block_ids: list[int], pos: int) -> int:
+        return block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
+
     def execute(self, step_input: StepInput) -> StepOutput:
         self.steps.append(step_input)
         for request_id in step_input.finished_request_ids:
             self.kv.pop(request_id, None)
         out = []
         for r in step_input.requests:
-            kv = self.kv.setdefault(r.request_id, [])
-            if r.start_pos == 0:
-                kv.clear()  # a new request, or one recomputing after preemption
-            assert r.start_pos == len(kv), f"{r.request_id}: KV holds {len(kv)} tokens, step starts at {r.start_pos}"
+            kv = self.kv.get(r.request_id)
+            if kv is None or len(kv) != r.start_pos:
+                # New, or readmitted: everything before start_pos must come from its blocks.
+                kv = [self.slots[self._slot(r.block_ids, p)] for p in range(r.start_pos)]
+                if r.start_pos:
+                    self.reused[r.request_id] = list(kv)
+                self.kv[r.request_id] = kv
+            for i, token in enumerate(r.token_ids):
+                self.slots[self._slot(r.block_ids, r.start_pos + i)] = token
             kv.extend(r.token_ids)
-            needed_blocks = -(-len(kv) // self.block_size)
-            assert len(r.block_ids) >= needed_blocks, "block table too short for the tokens stored"
             if r.sample:
                 pos = len(kv)
                 out.append(0 if self.eos_at.get(r.request_id) == pos else self.token_at(pos, self.vocab))

@@ -20,6 +20,8 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None, help="context length limit (default: the model's)")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache size in GiB")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument("--no-prefix-cache", dest="enable_prefix_cache", action="store_false",
+                        help="disable reuse of cached KV for shared prompt prefixes")
     parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")
 
 
@@ -29,6 +31,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         max_tokens_per_step=args.max_tokens_per_step, max_model_len=args.max_model_len,
         kv_cache_gib=args.kv_cache_gib, block_size=args.block_size, num_threads=args.num_threads,
         served_model_name=getattr(args, "served_model_name", None),
+        enable_prefix_cache=args.enable_prefix_cache,
     )
 
 

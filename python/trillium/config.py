@@ -44,6 +44,7 @@ class EngineConfig:
     max_tokens_per_step: int = 2048  # token budget of one step (chunked prefill size)
     max_model_len: int | None = None  # None = the model's context length
     served_model_name: str | None = None
+    enable_prefix_cache: bool = True  # reuse cached KV of shared prompt prefixes
     num_threads: int | None = None  # torch / OpenMP threads; None = TRILLIUM_NUM_THREADS or all cores
 
     def __post_init__(self) -> None:

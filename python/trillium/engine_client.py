@@ -22,6 +22,7 @@ from trillium.request_stream import RequestStream
 from trillium.runtime import INBOX_BOUND, TOKENIZER_INBOX_BOUND, Actor, Mailbox, open_inbox
 from trillium.scheduler import SchedulerConfig
 from trillium.scheduler.actor import SchedulerActor, merge_deltas
+from trillium.scheduler.kv_manager import KVBlockManager
 from trillium.tokenizer import load_tokenizer
 from trillium.tokenizer.actor import TokenizerActor
 
@@ -55,7 +56,9 @@ class Engine:
             self.model_config, config.block_size, config.torch_dtype
         )
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, config.block_size, config.kv_cache_gib)
-        self.blocks = _core.BlockAllocator(num_blocks)
+        allocator = _core.BlockAllocator(num_blocks)
+        tree = _core.RadixTree(allocator, config.block_size) if config.enable_prefix_cache else None
+        self.kv = KVBlockManager(allocator, config.block_size, tree)
         self.runner = ModelRunner(
             self.model, self.model_config, num_blocks=num_blocks, block_size=config.block_size,
             dtype=config.torch_dtype,
@@ -66,10 +69,11 @@ class Engine:
             max_tokens_per_step=config.max_tokens_per_step,
             max_model_len=self.max_model_len,
             eos_token_ids=frozenset(self.tokenizer.eos_token_ids),
+            model_key=f"{self.model_name}:{path}",
         )
         self._scheduler_send, scheduler_recv = open_inbox(INBOX_BOUND)
         self._tokenizer_send, tokenizer_recv = open_inbox(TOKENIZER_INBOX_BOUND)
-        self.scheduler = SchedulerActor(self.scheduler_config, self.blocks, self.runner, scheduler_recv)
+        self.scheduler = SchedulerActor(self.scheduler_config, self.kv, self.runner, scheduler_recv)
         self.tokenizer_actor = TokenizerActor(self.tokenizer, tokenizer_recv)
         self.client = EngineClient(self)
 
@@ -105,12 +109,13 @@ class EngineClient:
             raise TokenizeError(result.error)
         return result.token_ids
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> Mailbox[TokenDelta]:
+    def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+               cache_salt: str | None = None) -> Mailbox[TokenDelta]:
         """Queue a request; its deltas arrive in the returned mailbox. Raises EngineOverloaded."""
         mailbox: Mailbox[TokenDelta] = Mailbox(merge_deltas)
         message = AddRequest(
             request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=sampling, reply=mailbox,
-            arrival_time=time.monotonic(),
+            arrival_time=time.monotonic(), cache_salt=cache_salt,
         )
         try:
             self._engine._scheduler_send.send_nowait(message)
@@ -118,9 +123,10 @@ class EngineClient:
             raise EngineOverloaded("scheduler queue is full") from None
         return mailbox
 
-    def open_stream(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> RequestStream:
+    def open_stream(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                    cache_salt: str | None = None) -> RequestStream:
         """Submit a request and return its text stream. Raises EngineOverloaded."""
-        mailbox = self.submit(request_id, prompt_token_ids, sampling)
+        mailbox = self.submit(request_id, prompt_token_ids, sampling, cache_salt)
         return RequestStream(self, request_id, len(prompt_token_ids), sampling, mailbox)
 
     def abort(self, request_id: str, mailbox: Mailbox | None = None) -> None:

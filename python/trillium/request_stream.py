@@ -37,6 +37,7 @@ class RequestStream:
         self.request_id = request_id
         self.num_prompt_tokens = num_prompt_tokens
         self.num_completion_tokens = 0
+        self.num_cached_tokens = 0
         self.finish_reason: FinishReason | None = None
         self._mailbox = mailbox
         self._engine_done = False  # the engine finished or was told to abort
@@ -56,6 +57,7 @@ class RequestStream:
             self.finish_reason = FinishReason.ABORT
             return StreamOutput("", [], FinishReason.ABORT)
         self.num_completion_tokens += len(delta.token_ids)
+        self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         reason = delta.finish_reason
         self._engine_done = reason is not None
         text = self._detok.add(delta.token_ids)

@@ -14,6 +14,7 @@ from trillium.protocol import AbortRequest, AddRequest, FinishReason, SamplingPa
 from trillium.runtime import Mailbox, MailboxClosed, open_inbox
 from trillium.scheduler import SchedulerConfig
 from trillium.scheduler.actor import SchedulerActor, merge_deltas
+from trillium.scheduler.kv_manager import KVBlockManager
 
 BLOCK = 4
 
@@ -39,7 +40,8 @@ async def start(nursery, num_blocks=64, executor=None):
     send, recv = open_inbox(8)
     allocator = _core.BlockAllocator(num_blocks)
     executor = executor or SlowExecutor(BLOCK)
-    actor = SchedulerActor(SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset({0})), allocator, executor, recv)
+    kv = KVBlockManager(allocator, BLOCK)
+    actor = SchedulerActor(SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset({0})), kv, executor, recv)
     await nursery.start(actor.run)
     return send, allocator, executor, actor
 

@@ -8,14 +8,21 @@ from tests.fakes import FakeExecutor
 from trillium import _core
 from trillium.protocol import FinishReason, SamplingParams
 from trillium.scheduler import Request, SchedulerConfig, SchedulerPolicy
+from trillium.scheduler.kv_manager import KVBlockManager
 
 BLOCK = 4
 
 
-def make(num_blocks=64, **kw):
+def make(num_blocks=64, prefix_cache=False, **kw):
     config = SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset({0}), **kw)
     allocator = _core.BlockAllocator(num_blocks)
-    return SchedulerPolicy(config, allocator), allocator, FakeExecutor(BLOCK)
+    tree = _core.RadixTree(allocator, BLOCK) if prefix_cache else None
+    return SchedulerPolicy(config, KVBlockManager(allocator, BLOCK, tree)), allocator, FakeExecutor(BLOCK)
+
+
+def idle(policy) -> bool:
+    """Every block is free or reclaimable from the prefix cache."""
+    return policy.kv.num_reclaimable_blocks == policy.kv.num_total_blocks
 
 
 def req(rid, prompt_len, max_tokens=8, **sampling):
@@ -32,7 +39,7 @@ def run_until_done(policy, executor, max_steps=10_000):
             outputs.setdefault(update.request.request_id, []).extend(update.new_token_ids)
             if update.finish_reason is not None:
                 reasons[update.request.request_id] = update.finish_reason
-        policy.blocks.check_invariants()
+        policy.kv.check_invariants()
         steps += 1
         assert steps < max_steps
     return outputs, reasons
@@ -42,15 +49,17 @@ def expected_output(prompt_len, n):
     return [FakeExecutor.token_at(prompt_len + i) for i in range(n)]
 
 
-def test_requests_finish_with_position_determined_tokens_and_free_all_blocks():
-    policy, allocator, executor = make()
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_requests_finish_with_position_determined_tokens_and_free_all_blocks(prefix_cache):
+    policy, allocator, executor = make(prefix_cache=prefix_cache)
     for i, n in enumerate([3, 9, 17]):
         policy.add(req(f"r{i}", n, max_tokens=5))
     outputs, reasons = run_until_done(policy, executor)
     for i, n in enumerate([3, 9, 17]):
         assert outputs[f"r{i}"] == expected_output(n, 5)
         assert reasons[f"r{i}"] == FinishReason.LENGTH
-    assert allocator.num_free_blocks == allocator.num_total_blocks
+    assert idle(policy)
+    assert (policy.kv.num_cached_blocks > 0) == prefix_cache
 
 
 def test_token_budget_chunks_long_prompt_while_decodes_continue():
@@ -91,9 +100,10 @@ def test_max_running_caps_the_batch():
     assert max(len(s.requests) for s in executor.steps) == 2
 
 
-def test_preemption_under_kv_pressure_recomputes_and_gives_identical_output():
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_preemption_under_kv_pressure_recomputes_and_gives_identical_output(prefix_cache):
     # 12 blocks of 4 tokens; four requests that each grow to 20 tokens (5 blocks) cannot all fit.
-    policy, allocator, executor = make(num_blocks=12)
+    policy, allocator, executor = make(num_blocks=12, prefix_cache=prefix_cache)
     for i in range(4):
         policy.add(req(f"r{i}", 8, max_tokens=12))
     outputs, reasons = run_until_done(policy, executor)
@@ -101,7 +111,7 @@ def test_preemption_under_kv_pressure_recomputes_and_gives_identical_output():
     for i in range(4):
         assert outputs[f"r{i}"] == expected_output(8, 12)
         assert reasons[f"r{i}"] == FinishReason.LENGTH
-    assert allocator.num_free_blocks == 12
+    assert idle(policy)
 
 
 def test_abort_frees_blocks_at_once():
@@ -139,3 +149,53 @@ def test_request_larger_than_the_pool_is_refused():
     policy, _, _ = make(num_blocks=4)
     with pytest.raises(ValueError, match="KV cache"):
         policy.add(req("big", 30, max_tokens=10))
+
+
+def test_prefix_cache_reuses_whole_blocks_of_a_shared_prompt():
+    policy, _, executor = make(prefix_cache=True)
+    shared = list(range(200, 218))  # 18 tokens: 4 full blocks + 2
+    policy.add(Request("first", shared + [1, 2], SamplingParams(max_tokens=3), 3))
+    run_until_done(policy, executor)
+    second = Request("second", shared + [7, 8, 9], SamplingParams(max_tokens=3), 3)
+    policy.add(second)
+    plan = policy.schedule()
+    (scheduled,) = plan.step_input.requests
+    assert scheduled.start_pos == 16 and scheduled.token_ids == [216, 217, 7, 8, 9]
+    assert second.num_cached_tokens == 16
+    policy.update(plan, executor.execute(plan.step_input))
+    assert executor.reused["second"] == shared[:16]  # the cached blocks hold the shared tokens
+    outputs, _ = run_until_done(policy, executor)
+    assert outputs["second"] == expected_output(21, 3)[1:]
+
+
+def test_prefix_cache_hit_is_capped_below_the_prompt_length():
+    policy, _, executor = make(prefix_cache=True)
+    prompt = list(range(300, 316))  # exactly 4 blocks
+    for rid in ("a", "b"):
+        policy.add(Request(rid, list(prompt), SamplingParams(max_tokens=2), 2))
+        outputs, _ = run_until_done(policy, executor)
+        assert outputs[rid] == expected_output(16, 2)
+    # "b" had all 16 tokens cached but must compute the last one to get logits: 3 blocks reused
+    assert executor.reused["b"] == prompt[:12]
+
+
+def test_cache_namespaces_do_not_share_blocks():
+    policy, _, executor = make(prefix_cache=True)
+    prompt = list(range(400, 420))
+    policy.add(Request("a", list(prompt), SamplingParams(max_tokens=1), 1, cache_namespace=1))
+    run_until_done(policy, executor)
+    other = Request("b", list(prompt), SamplingParams(max_tokens=1), 1, cache_namespace=2)
+    policy.add(other)
+    run_until_done(policy, executor)
+    assert other.num_cached_tokens == 0 and "b" not in executor.reused
+
+
+def test_cached_blocks_are_evicted_before_requests_are_refused():
+    policy, allocator, executor = make(num_blocks=10, prefix_cache=True)
+    for i in range(6):  # each leaves 4 cached blocks behind; the pool holds 10
+        prompt = list(range(1000 * (i + 1), 1000 * (i + 1) + 16))
+        policy.add(Request(f"r{i}", prompt, SamplingParams(max_tokens=4), 4))
+        outputs, reasons = run_until_done(policy, executor)
+        assert reasons[f"r{i}"] == FinishReason.LENGTH
+    assert policy.kv.tree.num_evicted_blocks > 0
+    assert idle(policy)

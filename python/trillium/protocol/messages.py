@@ -67,6 +67,7 @@ class AddRequest(msgspec.Struct, gc=False, kw_only=True):
     sampling: SamplingParams
     reply: Any
     arrival_time: float = 0.0
+    cache_salt: str | None = None  # isolates this tenant's prefix cache entries
 
 
 class AbortRequest(msgspec.Struct, array_like=True, gc=False):
@@ -87,6 +88,7 @@ class TokenDelta(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     error: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 class TokenizeRequest(msgspec.Struct, gc=False, kw_only=True):

@@ -16,6 +16,7 @@ import trio
 
 from trillium.protocol import AbortRequest, AddRequest, FinishReason, StepInput, StepOutput, TokenDelta
 from trillium.runtime import Actor
+from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace
 from trillium.scheduler.policy import RequestUpdate, SchedulerConfig, SchedulerPolicy
 from trillium.scheduler.request import Request
 
@@ -36,6 +37,7 @@ def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
         finish_reason=new.finish_reason,
         num_prompt_tokens=new.num_prompt_tokens,
         error=new.error,
+        num_cached_tokens=new.num_cached_tokens,
     )
 
 
@@ -47,11 +49,11 @@ class SchedulerActor(Actor):
     def __init__(
         self,
         config: SchedulerConfig,
-        blocks,
+        kv: KVBlockManager,
         executor: Executor,
         inbox: trio.MemoryReceiveChannel,
     ) -> None:
-        self.policy = SchedulerPolicy(config, blocks)
+        self.policy = SchedulerPolicy(config, kv)
         self.executor = executor
         self.inbox = inbox
         # One model step at a time: the executor owns the model and the KV tensors.
@@ -103,6 +105,7 @@ class SchedulerActor(Actor):
             max_tokens,
             reply=message.reply,
             arrival_time=message.arrival_time or None,
+            cache_namespace=cache_namespace(self.policy.config.model_key, message.cache_salt),
         )
         try:
             if max_tokens < 1:
@@ -147,7 +150,8 @@ class SchedulerActor(Actor):
         if request.first_token_time is None:
             request.first_token_time = now
         request.reply.put(
-            TokenDelta(request.request_id, update.new_token_ids, update.finish_reason, request.num_prompt_tokens)
+            TokenDelta(request.request_id, update.new_token_ids, update.finish_reason, request.num_prompt_tokens,
+                       num_cached_tokens=request.num_cached_tokens or 0)
         )
         if update.finish_reason is not None:
             request.reply.close()
@@ -172,12 +176,16 @@ class SchedulerActor(Actor):
     # ---- introspection (for /health, tests and metrics) ----------------------------------------
 
     def stats(self) -> dict:
-        blocks = self.policy.blocks
+        kv = self.policy.kv
         return {
             "num_requests_running": self.policy.num_running,
             "num_requests_waiting": self.policy.num_waiting,
-            "num_free_blocks": blocks.num_free_blocks,
-            "num_total_blocks": blocks.num_total_blocks,
+            "num_free_blocks": kv.num_free_blocks,
+            "num_total_blocks": kv.num_total_blocks,
+            "num_cached_blocks": kv.num_cached_blocks,
+            # held by requests: neither free nor reclaimable from the prefix cache
+            "num_blocks_in_use": kv.num_total_blocks - kv.num_reclaimable_blocks,
+            "kv_cache_usage_perc": round(1 - kv.num_reclaimable_blocks / kv.num_total_blocks, 4),
             "num_preemptions": self.policy.num_preemptions,
             "num_steps": self.num_steps,
             "num_step_tokens": self.num_step_tokens,

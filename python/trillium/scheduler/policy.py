@@ -5,28 +5,19 @@ requests first (oldest first), then waiting ones (FIFO). A request gets
 ``min(num_tokens - num_computed_tokens, budget left)`` tokens, so long prompts are chunked
 across steps and decodes of other requests are never starved behind them. When the block
 pool runs dry, the newest running request is preempted by recompute: its blocks are freed
-and it goes back to the front of the waiting queue with ``num_computed_tokens = 0``.
+and it goes back to the front of the waiting queue with ``num_computed_tokens = 0`` (its
+computed blocks stay in the prefix cache, so readmission recomputes only what was evicted).
+At admission a request first reuses the longest cached prefix of its tokens.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from typing import Protocol
 
 from trillium.protocol import FinishReason, ScheduledRequest, StepInput, StepOutput
+from trillium.scheduler.kv_manager import KVBlockManager
 from trillium.scheduler.request import Request, RequestStatus
-
-
-class BlockPool(Protocol):
-    """What the policy needs from ``trillium._core.BlockAllocator``."""
-
-    num_free_blocks: int
-    num_total_blocks: int
-
-    def can_allocate(self, n: int) -> bool: ...
-    def allocate(self, n: int) -> list[int]: ...
-    def free(self, block_ids: list[int]) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +27,7 @@ class SchedulerConfig:
     max_tokens_per_step: int = 2048  # token budget of one forward pass
     max_model_len: int = 8192  # prompt + output limit of one request
     eos_token_ids: frozenset[int] = frozenset()
+    model_key: str = ""  # prefix-cache namespace root: the served model's identity
 
 
 @dataclasses.dataclass
@@ -58,9 +50,9 @@ class RequestUpdate:
 class SchedulerPolicy:
     """Owns request states and their blocks. Every method runs on one thread (the event loop)."""
 
-    def __init__(self, config: SchedulerConfig, blocks: BlockPool) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVBlockManager) -> None:
         self.config = config
-        self.blocks = blocks
+        self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -74,10 +66,10 @@ class SchedulerPolicy:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         longest = min(request.num_prompt_tokens + request.max_tokens, self.config.max_model_len)
-        if self._blocks_for(longest) > self.blocks.num_total_blocks:
+        if self.kv.blocks_for(longest) > self.kv.num_total_blocks:
             raise ValueError(
                 f"request needs {longest} tokens of KV cache but the pool holds only "
-                f"{self.blocks.num_total_blocks * self.config.block_size}"
+                f"{self.kv.num_total_blocks * self.config.block_size}"
             )
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -116,7 +108,7 @@ class SchedulerPolicy:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._grow(request, num_new):
+            if not self.kv.grow(request, num_new):
                 # Out of blocks: preempt the newest running request and retry this one,
                 # unless it is itself the newest.
                 victim = self.running[-1]
@@ -130,8 +122,12 @@ class SchedulerPolicy:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             request = self.waiting[0]
+            self.kv.match_prefix(request)
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = 0  # first admission found nothing cached
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._grow(request, num_new):
+            if not self.kv.grow(request, num_new):
+                self.kv.release(request, cache=False)  # give the matched prefix back; retry next step
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
@@ -153,6 +149,7 @@ class SchedulerPolicy:
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted or aborted while the step ran
             request.num_computed_tokens += num_new
+            self.kv.commit(request)
             if token_id < 0:
                 continue
             request.output_token_ids.append(token_id)
@@ -175,33 +172,17 @@ class SchedulerPolicy:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.config.block_size)
-
-    def _grow(self, request: Request, num_new: int) -> bool:
-        """Give ``request`` enough blocks for ``num_new`` more tokens; False if the pool is short."""
-        needed = self._blocks_for(request.num_computed_tokens + num_new) - len(request.block_ids)
-        if needed <= 0:
-            return True
-        if not self.blocks.can_allocate(needed):
-            return False
-        request.block_ids.extend(self.blocks.allocate(needed))
-        return True
-
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
-        self.blocks.free(request.block_ids)
-        request.block_ids = []
-        request.num_computed_tokens = 0
+        self.kv.release(request)  # its computed blocks stay cached: readmission recomputes little
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
-        if request.block_ids:
-            self.blocks.free(request.block_ids)
-            request.block_ids = []
+        # After a failed step the K/V written by it cannot be trusted: do not cache them.
+        self.kv.release(request, cache=reason != FinishReason.ERROR)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self.requests[request.request_id]

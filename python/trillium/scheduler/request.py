@@ -27,6 +27,7 @@ class Request:
         "request_id", "prompt_token_ids", "output_token_ids", "sampling", "max_tokens",
         "reply", "status", "num_computed_tokens", "block_ids", "finish_reason",
         "arrival_time", "first_token_time", "num_preemptions",
+        "cache_namespace", "cache_handle", "num_inserted_blocks", "num_cached_tokens",
     )
 
     def __init__(
@@ -37,6 +38,7 @@ class Request:
         max_tokens: int,
         reply: Any = None,
         arrival_time: float | None = None,
+        cache_namespace: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -51,6 +53,10 @@ class Request:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_token_time: float | None = None
         self.num_preemptions = 0
+        self.cache_namespace = cache_namespace  # prefix-cache namespace (model + tenant salt)
+        self.cache_handle: int | None = None  # locked prefix-cache node while blocks are held
+        self.num_inserted_blocks = 0  # leading blocks already offered to the prefix cache
+        self.num_cached_tokens: int | None = None  # prompt tokens reused at first admission
 
     @property
     def num_tokens(self) -> int:

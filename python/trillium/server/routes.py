@@ -127,7 +127,9 @@ class Routes:
         prefix = "chatcmpl" if chat else "cmpl"
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         try:
-            stream = self.client.open_stream(request_id, prompt_ids, sampling)
+            if body.cache_salt is not None and not body.cache_salt:
+                raise APIError("cache_salt must be a non-empty string", param="cache_salt")
+            stream = self.client.open_stream(request_id, prompt_ids, sampling, cache_salt=body.cache_salt)
         except EngineOverloaded as exc:
             raise overloaded(str(exc)) from None
         shape = _Shape(request_id, self.client.model_name, chat)
@@ -177,7 +179,8 @@ class _Shape:
 
 def _usage(stream: RequestStream) -> dict:
     p, c = stream.num_prompt_tokens, stream.num_completion_tokens
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": stream.num_cached_tokens}}
 
 
 def _error_payload(message: str) -> dict:

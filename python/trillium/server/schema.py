@@ -45,6 +45,7 @@ class _Common(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False  # vLLM extension
     skip_special_tokens: bool = True  # vLLM extension
     user: str | None = None
+    cache_salt: str | None = None  # vLLM extension: a tenant's private prefix-cache namespace
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
