@@ -17,87 +17,11 @@
 #include <vector>
 
 #include "bindings.h"
-#include "trillium/block_allocator.h"
+#include "py_block_allocator.h"
 
 namespace py = pybind11;
 
 namespace trillium::bindings {
-namespace {
-
-struct OutOfBlocksError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-struct InvariantError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// Throws the C++ exception registered for st's code; pybind11 translates it once the GIL is back.
-void raise_if_error(const Status& st) {
-  switch (st.code()) {
-    case StatusCode::kOk:
-      return;
-    case StatusCode::kOutOfBlocks:
-      throw OutOfBlocksError(st.message());
-    case StatusCode::kInvalidArgument:
-      throw std::invalid_argument(st.message());
-    case StatusCode::kInternal:
-      throw InvariantError(st.message());
-  }
-  throw std::runtime_error(st.message());
-}
-
-class PyBlockAllocator {
- public:
-  explicit PyBlockAllocator(int32_t num_blocks) : alloc_(num_blocks) {}
-
-  std::vector<int32_t> allocate(int32_t n) {
-    std::vector<int32_t> out;
-    std::lock_guard<std::mutex> lock(mu_);
-    raise_if_error(alloc_.allocate(n, &out));
-    return out;
-  }
-  void incref(const std::vector<int32_t>& ids) {
-    std::lock_guard<std::mutex> lock(mu_);
-    raise_if_error(alloc_.incref(ids));
-  }
-  void free(const std::vector<int32_t>& ids) {
-    std::lock_guard<std::mutex> lock(mu_);
-    raise_if_error(alloc_.free(ids));
-  }
-  void check_invariants() {
-    std::lock_guard<std::mutex> lock(mu_);
-    raise_if_error(alloc_.check_invariants());
-  }
-  bool can_allocate(int32_t n) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return alloc_.can_allocate(n);
-  }
-  int32_t ref_count(int32_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const int32_t rc = alloc_.ref_count(id);
-    if (rc < 0) {
-      throw std::invalid_argument("block id " + std::to_string(id) + " is outside [0, " +
-                                  std::to_string(alloc_.num_total_blocks()) + ")");
-    }
-    return rc;
-  }
-  int32_t num_free_blocks() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return alloc_.num_free_blocks();
-  }
-  int32_t num_used_blocks() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return alloc_.num_used_blocks();
-  }
-  int32_t num_total_blocks() const { return alloc_.num_total_blocks(); }  // immutable
-
- private:
-  std::mutex mu_;
-  BlockAllocator alloc_;
-};
-
-}  // namespace
-
 void bind_block_allocator(py::module_& m) {
   py::register_exception<OutOfBlocksError>(m, "OutOfBlocksError", PyExc_MemoryError);
   py::register_exception<InvariantError>(

@@ -1,5 +1,7 @@
 """Type stub for the compiled core (cpp/bindings/)."""
 
+from collections.abc import Sequence
+
 __version__: str
 
 class OutOfBlocksError(MemoryError):
@@ -31,3 +33,90 @@ class BlockAllocator:
     def num_used_blocks(self) -> int: ...
     def check_invariants(self) -> None:
         """Raises InvariantError naming the first violated invariant."""
+
+class MatchResult:
+    """The longest cached prefix found by ``RadixTree.match``."""
+
+    @property
+    def block_ids(self) -> list[int]:
+        """Cached blocks of the prefix, in order (the tree's blocks: no reference was added)."""
+    @property
+    def num_tokens(self) -> int:
+        """Matched tokens, a multiple of block_size."""
+    @property
+    def handle(self) -> int:
+        """Names the deepest matched node for lock()/unlock(); 0 (the root) when nothing matched."""
+
+class InsertResult:
+    """What ``RadixTree.insert`` adopted."""
+
+    @property
+    def num_new_blocks(self) -> int:
+        """Caller blocks the tree adopted (one tree reference each) for the new suffix."""
+    @property
+    def duplicate_block_ids(self) -> list[int]:
+        """Caller blocks for positions already cached under a different block id: not adopted.
+
+        A position whose caller block is the tree's own block (reused after a match) is not listed.
+        """
+
+class RadixTree:
+    """Prefix cache: a block-aligned radix tree over token ids, one root per namespace.
+
+    Holds one allocator reference on every cached block; shares the allocator's mutex, so tree
+    and allocator calls from several threads never interleave. Namespaces are ints mod 2**64.
+    """
+
+    def __init__(self, allocator: BlockAllocator, block_size: int) -> None:
+        """Keeps ``allocator`` alive. ValueError if block_size < 1."""
+    def match(self, namespace: int, tokens: Sequence[int], *, lock: bool = False) -> MatchResult:
+        """Longest cached prefix of whole blocks; stamps the path most recently used and may split
+        a node so the handle names exactly the match. Adds no reference; ``lock=True`` also locks
+        the handle atomically. ValueError for a token outside int32."""
+    def lock(self, handle: int) -> None:
+        """Lock the handle's node and its ancestors (counted). 0: no-op; stale handle: ValueError.
+
+        A handle stays valid across splits; it goes stale only when its (unlocked) node is evicted
+        or cleared, so lock right after match (or use ``match(lock=True)``).
+        """
+    def unlock(self, handle: int) -> None:
+        """Undo one lock(). 0: no-op; stale handle or node not locked: ValueError."""
+    def insert(self, namespace: int, tokens: Sequence[int], block_ids: Sequence[int]) -> InsertResult:
+        """Cache the full blocks of ``tokens`` (block_ids[i] holds tokens [i*bs, (i+1)*bs); needs
+        len(tokens) // block_size ids, extra ids ignored). The cached prefix keeps the tree's
+        blocks; the new suffix's blocks get one tree reference each (the caller keeps its own).
+        All-or-nothing ValueError on a bad, free, repeated or already cached suffix block."""
+    def evict(self, num_blocks: int) -> int:
+        """Free up to num_blocks blocks: LRU unlocked leaves first, tail blocks first; blocks that
+        someone else still references are skipped. Returns how many went to the free list."""
+    def clear(self) -> int:
+        """Drop every unlocked node; returns the number of blocks the tree released."""
+    def check_invariants(self) -> None:
+        """Tree, then allocator self-check; raises InvariantError naming the first violation."""
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_cached_blocks(self) -> int: ...
+    @property
+    def num_evictable_blocks(self) -> int:
+        """What evict() could free now. O(nodes)."""
+    @property
+    def num_nodes(self) -> int:
+        """Live nodes, namespace roots included."""
+    @property
+    def num_namespaces(self) -> int: ...
+    @property
+    def num_queries(self) -> int:
+        """match() calls (cumulative, like the other counters; clear() keeps them)."""
+    @property
+    def num_query_tokens(self) -> int:
+        """Tokens passed to match()."""
+    @property
+    def num_hit_tokens(self) -> int:
+        """Tokens match() found cached."""
+    @property
+    def num_inserted_blocks(self) -> int:
+        """Blocks insert() adopted."""
+    @property
+    def num_evicted_blocks(self) -> int:
+        """Blocks evict() or clear() dropped from the tree."""

@@ -68,15 +68,15 @@ class KVBlockManager:
         if self.tree is None or request.block_ids:
             return
         tokens = request.token_ids_slice(0, request.num_tokens - 1)
-        match = self.tree.match(request.cache_namespace, tokens)
+        match = self.tree.match(request.cache_namespace, tokens, lock=True)
         if match.num_tokens == 0:
             return
-        self.tree.lock(match.handle)
-        self.allocator.incref(match.block_ids)
+        block_ids = match.block_ids  # a fresh list per access
+        self.allocator.incref(block_ids)
         request.cache_handle = match.handle
-        request.block_ids = list(match.block_ids)
+        request.block_ids = block_ids
         request.num_computed_tokens = match.num_tokens
-        request.num_inserted_blocks = len(match.block_ids)
+        request.num_inserted_blocks = len(block_ids)
         if request.num_cached_tokens is None:
             request.num_cached_tokens = match.num_tokens
 

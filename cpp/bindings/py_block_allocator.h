@@ -1,0 +1,94 @@
+// PyBlockAllocator: the Python-facing wrapper of trillium::BlockAllocator, and the Status ->
+// exception mapping shared by every binding that touches the allocator (block_allocator.cc,
+// radix_tree.cc). Shared because the prefix cache mutates the allocator: it must reach the same
+// BlockAllocator and serialize on the same mutex, and throw the same registered exception types.
+#pragma once
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "trillium/block_allocator.h"
+#include "trillium/status.h"
+
+namespace trillium::bindings {
+
+struct OutOfBlocksError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct InvariantError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Throws the C++ exception registered for st's code; pybind11 translates it once the GIL is back.
+inline void raise_if_error(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kOk:
+      return;
+    case StatusCode::kOutOfBlocks:
+      throw OutOfBlocksError(st.message());
+    case StatusCode::kInvalidArgument:
+      throw std::invalid_argument(st.message());
+    case StatusCode::kInternal:
+      throw InvariantError(st.message());
+  }
+  throw std::runtime_error(st.message());
+}
+
+class PyBlockAllocator {
+ public:
+  explicit PyBlockAllocator(int32_t num_blocks) : alloc_(num_blocks) {}
+
+  std::vector<int32_t> allocate(int32_t n) {
+    std::vector<int32_t> out;
+    std::lock_guard<std::mutex> lock(mu_);
+    raise_if_error(alloc_.allocate(n, &out));
+    return out;
+  }
+  void incref(const std::vector<int32_t>& ids) {
+    std::lock_guard<std::mutex> lock(mu_);
+    raise_if_error(alloc_.incref(ids));
+  }
+  void free(const std::vector<int32_t>& ids) {
+    std::lock_guard<std::mutex> lock(mu_);
+    raise_if_error(alloc_.free(ids));
+  }
+  void check_invariants() {
+    std::lock_guard<std::mutex> lock(mu_);
+    raise_if_error(alloc_.check_invariants());
+  }
+  bool can_allocate(int32_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return alloc_.can_allocate(n);
+  }
+  int32_t ref_count(int32_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int32_t rc = alloc_.ref_count(id);
+    if (rc < 0) {
+      throw std::invalid_argument("block id " + std::to_string(id) + " is outside [0, " +
+                                  std::to_string(alloc_.num_total_blocks()) + ")");
+    }
+    return rc;
+  }
+  int32_t num_free_blocks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return alloc_.num_free_blocks();
+  }
+  int32_t num_used_blocks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return alloc_.num_used_blocks();
+  }
+  int32_t num_total_blocks() const { return alloc_.num_total_blocks(); }  // immutable
+
+  // For bindings that mutate the allocator themselves (the prefix cache): hold mutex() around
+  // every use of core(), and never wait for the GIL while holding it.
+  std::mutex& mutex() { return mu_; }
+  BlockAllocator& core() { return alloc_; }
+
+ private:
+  std::mutex mu_;
+  BlockAllocator alloc_;
+};
+
+}  // namespace trillium::bindings
