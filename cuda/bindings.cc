@@ -1,16 +1,21 @@
 // trillium._cuda: CUDA kernels for NVIDIA GPUs. A separate extension with static cudart, so that
 // `import trillium` works on machines without it; callers import it under try/except ImportError.
 // Tensors cross as integer device pointers (tensor.data_ptr()) plus sizes; streams as integers
-// (torch.cuda.current_stream().cuda_stream), 0 meaning the legacy default stream.
+// (torch.cuda.current_stream().cuda_stream), 0 meaning the legacy default stream. The attention and
+// KV-store entry points take the same tuples as trillium._core's (cpp/bindings/kernel_specs.h).
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
+#include "kernel_specs.h"
 #include "launchers.h"
 
 namespace py = pybind11;
+using trillium::bindings::BatchSpec;
+using trillium::bindings::CacheSpec;
+using trillium::bindings::RowsSpec;
 
 namespace {
 
@@ -19,6 +24,16 @@ void check(cudaError_t err, const char* what) {
     throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorName(err) + ": " +
                              cudaGetErrorString(err));
   }
+}
+
+// cudaErrorInvalidValue from a launcher means arguments it rejects on the host: ValueError.
+void check_args(cudaError_t err, const char* what) {
+  if (err == cudaErrorInvalidValue) {
+    (void)cudaGetLastError();
+    throw std::invalid_argument(std::string(what) + ": unsupported or inconsistent arguments (" +
+                                cudaGetErrorString(err) + ")");
+  }
+  check(err, what);
 }
 
 }  // namespace
@@ -60,4 +75,30 @@ PYBIND11_MODULE(_cuda, m) {
       py::call_guard<py::gil_scoped_release>(),
       "Asynchronously set n float32 values at device pointer ptr to value on stream. "
       "RuntimeError carrying the CUDA error name if the launch fails.");
+
+  m.def(
+      "store_kv",
+      [](const RowsSpec& key, const RowsSpec& value, const CacheSpec& cache, std::uintptr_t slot_mapping,
+         int64_t num_tokens, std::uintptr_t stream) {
+        const trillium::KVStoreArgs a = trillium::bindings::store_args(key, value, cache, slot_mapping, num_tokens);
+        check_args(trillium::cuda::store_kv(a, reinterpret_cast<cudaStream_t>(stream)), "store_kv");
+      },
+      py::arg("key"), py::arg("value"), py::arg("cache"), py::arg("slot_mapping"), py::arg("num_tokens"),
+      py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>(),
+      "Asynchronously write key/value rows into their slots (int64 device slot_mapping; negative or "
+      "out-of-pool slots are skipped). Tuples as trillium._core.store_kv.");
+
+  m.def(
+      "paged_attention",
+      [](const RowsSpec& query, const RowsSpec& out, const CacheSpec& cache, const BatchSpec& batch, float scale,
+         bool decode, int32_t max_query_len, std::uintptr_t stream) {
+        (void)decode;  // one kernel serves both; the grid comes from max_query_len
+        const trillium::PagedAttentionArgs a = trillium::bindings::attention_args(query, out, cache, batch, scale);
+        check_args(trillium::cuda::paged_attention(a, max_query_len, reinterpret_cast<cudaStream_t>(stream)),
+                   "paged_attention");
+      },
+      py::arg("query"), py::arg("out"), py::arg("cache"), py::arg("batch"), py::arg("scale"), py::arg("decode"),
+      py::arg("max_query_len"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>(),
+      "Asynchronous paged attention (decode or extend) on stream; tuples as trillium._core.paged_attention, "
+      "device pointers. head_dim 64, 128 or 256. ValueError on arguments the launcher rejects.");
 }

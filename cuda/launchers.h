@@ -1,15 +1,34 @@
-// Launchers for the CUDA kernels in this directory. Framework-free: raw device pointers, sizes and
-// a stream in, a cudaError_t out. Validation of shapes and dtypes happens once, in the bindings.
+// Launchers for the CUDA kernels in this directory. Framework-free: raw device pointers, sizes,
+// strides and a stream in, a cudaError_t out; asynchronous on `stream`.
+//
+// The attention and KV-store launchers take the same argument structs as the CPU kernels
+// (cpp/include/trillium/kernels/), with device pointers (num_threads is ignored). They validate
+// what the host knows (dtypes, sizes, head_dim, null pointers) and return cudaErrorInvalidValue;
+// device-resident metadata is trusted, except that a slot or block id outside the pool is never
+// dereferenced (store_kv skips the token; attention reads zeros for that block).
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
+#include "trillium/kernels/kv_store.h"
+#include "trillium/kernels/paged_attention.h"
+
 namespace trillium::cuda {
 
 // Sets ptr[0..n) = value on `stream`. Asynchronous; returns the launch error (cudaSuccess when
 // n == 0). ptr must be device (or managed) memory holding at least n floats.
 cudaError_t fill_f32(float* ptr, int64_t n, float value, cudaStream_t stream);
+
+// store_kv (see kv_store.h): one CTA per token. Negative slots are skipped.
+cudaError_t store_kv(const KVStoreArgs& args, cudaStream_t stream);
+
+// Paged attention, decode and extend in one kernel (see paged_attention.h for the layout and
+// causality): a CTA per (tile of kRowsPerCta query rows, KV head, request); query rows are
+// (token, head-in-group) pairs, so grouped-query heads share every K/V chunk the CTA stages in
+// shared memory. query_start_loc is required (decode: 0, 1, ..., R). max_query_len bounds the
+// grid (any upper bound of the per-request query lengths works). head_dim must be 64, 128 or 256.
+cudaError_t paged_attention(const PagedAttentionArgs& args, int32_t max_query_len, cudaStream_t stream);
 
 }  // namespace trillium::cuda

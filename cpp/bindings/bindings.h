@@ -6,6 +6,7 @@
 namespace trillium::bindings {
 
 void bind_block_allocator(pybind11::module_& m);
+void bind_radix_tree(pybind11::module_& m);
 void bind_kernels(pybind11::module_& m);
 
 }  // namespace trillium::bindings

@@ -1,7 +1,8 @@
-// Attention inner loops for x86-64 with AVX2 + FMA. Only the functions defined between the target
-// push/pop are compiled for AVX2; every header (std, intrinsics) is included before it, so no
-// AVX2 code can leak into shared inline functions. Called only when the CPU has AVX2 and FMA.
-#if defined(__x86_64__) || defined(_M_X64)
+// Attention inner loops for x86-64 with AVX2 + FMA. Only the functions defined between the
+// target push/pop are compiled for AVX2; every header (std, intrinsics) is included before it, so
+// no AVX2 code can leak into shared inline functions. Called only when the CPU has AVX2 and FMA
+// (paged_attention.cc checks cpuid and xgetbv).
+#if defined(__x86_64__)
 
 #include <immintrin.h>
 

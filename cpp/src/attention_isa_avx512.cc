@@ -1,7 +1,8 @@
-// Attention inner loops for x86-64 with AVX-512 (F, BW, VL). Only the functions defined between the target
-// push/pop are compiled for AVX-512; every header (std, intrinsics) is included before it, so no
-// AVX-512 code can leak into shared inline functions. Called only when the CPU has AVX-512F/BW/VL.
-#if defined(__x86_64__) || defined(_M_X64)
+// Attention inner loops for x86-64 with AVX-512 (F, BW, VL). Only the functions defined between
+// the target push/pop are compiled for AVX-512; every header (std, intrinsics) is included before
+// it, so no AVX-512 code can leak into shared inline functions. Called only when the CPU has
+// AVX-512F/BW/VL (paged_attention.cc checks cpuid and xgetbv).
+#if defined(__x86_64__)
 
 #include <immintrin.h>
 

@@ -30,7 +30,7 @@ void copy_row(const Src* src, Dst* dst, int32_t n) {
 template <class Src, class Dst>
 void store_typed(const KVStoreArgs& a, int threads) {
   const int64_t row = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;  // elements per slot
-  const bool parallel = threads > 1 && a.num_tokens * row * 2 >= kParallelMinElems;
+  [[maybe_unused]] const bool parallel = threads > 1 && a.num_tokens * row * 2 >= kParallelMinElems;
 #pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     const int64_t slot = a.slot_mapping[t];

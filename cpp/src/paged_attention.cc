@@ -19,6 +19,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "kernels/attention_work.h"
 
@@ -32,21 +35,34 @@ using kernels::KVView;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int32_t kMinSplitKeys = 256;  // shorter key ranges cost more in merging than they balance
-constexpr int32_t kTileRows = 96;       // extend: query rows (tokens x G) per work item
+constexpr int32_t kTileRows = 192;      // extend: query rows (tokens x G) per work item, at most
+constexpr int32_t kMinTileRows = 24;    // ... and at least, when shrinking tiles to feed the threads
 constexpr int32_t kMaxHeadDim = 1024;
 
 // ------------------------------------------------------------------------------------ ISA choice
+// cpuid + xgetbv directly (not __builtin_cpu_supports, which some toolchains' runtimes leave
+// unimplemented): the CPU must have the instructions and the OS must save their register state.
+#if defined(__x86_64__)
+bool os_saves_state(uint64_t mask) {
+  uint32_t eax = 0, edx = 0;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return ((static_cast<uint64_t>(edx) << 32 | eax) & mask) == mask;
+}
+
 KernelIsa best_isa() {
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return KernelIsa::kAvx512;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return KernelIsa::kAvx2;
-#endif
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return KernelIsa::kPortable;
+  const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28);
+  if (!(osxsave && avx && os_saves_state(0x6))) return KernelIsa::kPortable;  // XMM and YMM state
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return KernelIsa::kPortable;
+  const bool avx2 = b & (1u << 5), avx512f = b & (1u << 16), avx512bw = b & (1u << 30), avx512vl = b & (1u << 31);
+  if (avx2 && fma && avx512f && avx512bw && avx512vl && os_saves_state(0xe6)) return KernelIsa::kAvx512;  // + ZMM, k
+  if (avx2 && fma) return KernelIsa::kAvx2;
   return KernelIsa::kPortable;
 }
+#else
+KernelIsa best_isa() { return KernelIsa::kPortable; }
+#endif
 
 std::atomic<int32_t>& active_isa() {
   static std::atomic<int32_t> isa{static_cast<int32_t>(best_isa())};
@@ -55,7 +71,7 @@ std::atomic<int32_t>& active_isa() {
 
 const IsaKernels& isa_kernels(KernelIsa isa) {
   static const IsaKernels portable = kernels::portable_kernels();
-#if defined(__x86_64__) || defined(_M_X64)
+#if defined(__x86_64__)
   static const IsaKernels avx2 = kernels::avx2_kernels();
   static const IsaKernels avx512 = kernels::avx512_kernels();
   if (isa == KernelIsa::kAvx512) return avx512;
@@ -230,6 +246,7 @@ Status paged_attention_decode(const PagedAttentionArgs& a) {
   if (Status st = validate(a, /*decode=*/true); !st.ok()) return st;
   if (a.num_requests == 0) return Status::Ok();
   const int32_t R = a.num_requests, H = a.num_kv_heads, G = a.num_q_heads / a.num_kv_heads, D = a.head_dim;
+  const int32_t rows = H * G;
   const int threads = thread_count(a);
   const kernels::DecodeFn decode = isa_kernels(kernel_isa()).decode[a.kv_dtype == DType::kBF16];
 
@@ -238,94 +255,90 @@ Status paged_attention_decode(const PagedAttentionArgs& a) {
   for (int32_t r = 0; r < R; ++r) total_keys += a.context_lens[r];
   int64_t split_len = INT32_MAX;
   if (threads > 1) {
-    split_len = std::max<int64_t>(kMinSplitKeys, total_keys * H / (8 * threads));
+    split_len = std::max<int64_t>(kMinSplitKeys, total_keys / (8 * threads));
     split_len = (split_len + a.block_size - 1) / a.block_size * a.block_size;
   }
   struct Item {
-    int32_t request, kv_head, key_begin, key_end;
-    int32_t split, num_splits;
+    int32_t request, key_begin, key_end, split, num_splits;
   };
   std::vector<Item> items;
-  std::vector<int64_t> partial_base(R, -1);  // first partial slot of (request, head 0, split 0)
+  std::vector<int64_t> first_partial(R, -1);  // partial slot of (request, split 0)
   int64_t num_partials = 0;
   for (int32_t r = 0; r < R; ++r) {
     const int32_t ctx = a.context_lens[r];
-    const int32_t splits = static_cast<int32_t>((ctx + split_len - 1) / split_len);
+    const auto splits = static_cast<int32_t>((ctx + split_len - 1) / split_len);
     if (splits > 1) {
-      partial_base[r] = num_partials;
-      num_partials += static_cast<int64_t>(H) * splits;
+      first_partial[r] = num_partials;
+      num_partials += splits;
     }
-    for (int32_t h = 0; h < H; ++h) {
-      for (int32_t s = 0; s < splits; ++s) {
-        const int32_t begin = static_cast<int32_t>(s * split_len);
-        const int32_t end = static_cast<int32_t>(std::min<int64_t>(ctx, begin + split_len));
-        items.push_back({r, h, begin, end, s, splits});
-      }
+    for (int32_t s = 0; s < splits; ++s) {
+      const auto begin = static_cast<int32_t>(s * split_len);
+      const auto end = static_cast<int32_t>(std::min<int64_t>(ctx, begin + split_len));
+      items.push_back({r, begin, end, s, splits});
     }
   }
-  // Partial states of split items: [slot][G * (D + 2)] = acc [G, D], m [G], l [G].
-  const int64_t slot_floats = static_cast<int64_t>(G) * (D + 2);
+  // Partial states of split items: [slot][rows * (D + 2)] = acc [rows, D], m [rows], l [rows].
+  const int64_t slot_floats = static_cast<int64_t>(rows) * (D + 2);
   std::vector<float> partials(static_cast<size_t>(num_partials * slot_floats));
-  std::vector<std::atomic<int32_t>> remaining(static_cast<size_t>(num_partials > 0 ? R * H : 0));
+  std::vector<std::atomic<int32_t>> remaining(static_cast<size_t>(num_partials > 0 ? R : 0));
   for (int32_t r = 0; r < R && num_partials > 0; ++r) {
-    const int32_t splits = static_cast<int32_t>((a.context_lens[r] + split_len - 1) / split_len);
-    for (int32_t h = 0; h < H; ++h) remaining[static_cast<size_t>(r) * H + h].store(splits, std::memory_order_relaxed);
+    remaining[static_cast<size_t>(r)].store(static_cast<int32_t>((a.context_lens[r] + split_len - 1) / split_len),
+                                             std::memory_order_relaxed);
   }
 
   const int64_t num_items = static_cast<int64_t>(items.size());
-  const int64_t own_floats = static_cast<int64_t>(G) * D * 2 + 2 * G;
-  const int64_t scratch_floats = own_floats + kernels::decode_scratch_floats(D, G);
+  const int64_t own_floats = static_cast<int64_t>(rows) * D * 2 + 2 * rows;
+  const int64_t scratch_floats = own_floats + kernels::decode_scratch_floats(D, rows);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && num_items > 1)
   for (int64_t i = 0; i < num_items; ++i) {
     const Item& it = items[static_cast<size_t>(i)];
     float* buf = thread_scratch(scratch_floats);
     float* q = buf;
+    float* acc = q + rows * D;
+    float* l = acc + rows * D + rows;
     DecodeWork w;
-    w.kv = kv_view(a, it.request, it.kv_head);
-    w.num_rows = G;
+    w.kv = kv_view(a, it.request, /*kv_head=*/0);
+    w.num_kv_heads = H;
+    w.group = G;
     w.q = q;
     w.key_begin = it.key_begin;
     w.key_end = it.key_end;
     w.scratch = buf + own_floats;
-    load_queries(a, it.request, 1, it.kv_head * G, G, q);
+    load_queries(a, it.request, 1, 0, rows, q);
     if (it.num_splits == 1) {
-      w.acc = q + G * D;
-      w.m = w.acc + G * D;
-      w.l = w.m + G;
+      w.acc = acc;
+      w.m = acc + rows * D;
+      w.l = l;
       decode(w);
-      write_rows(a, it.request, 1, it.kv_head * G, G, w.acc, w.l);
+      write_rows(a, it.request, 1, 0, rows, acc, l);
       continue;
     }
-    const int64_t first_slot = partial_base[it.request] + static_cast<int64_t>(it.kv_head) * it.num_splits;
+    const int64_t first_slot = first_partial[it.request];
     float* slot = partials.data() + (first_slot + it.split) * slot_floats;
     w.acc = slot;
-    w.m = slot + G * D;
-    w.l = w.m + G;
+    w.m = slot + rows * D;
+    w.l = w.m + rows;
     decode(w);
-    // The last split of this (request, KV head) to finish merges all of them (acq_rel: it sees
-    // every other split's writes).
-    if (remaining[static_cast<size_t>(it.request) * H + it.kv_head].fetch_sub(1, std::memory_order_acq_rel) != 1) {
-      continue;
-    }
-    float* acc = q + G * D;
-    float* l = acc + G * D;
-    for (int32_t g = 0; g < G; ++g) {
+    // The last split of this request to finish merges all of them (acq_rel: it sees every other
+    // split's writes).
+    if (remaining[static_cast<size_t>(it.request)].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+    for (int32_t row = 0; row < rows; ++row) {
       float m_max = -INFINITY;
       for (int32_t s = 0; s < it.num_splits; ++s) {
-        m_max = std::max(m_max, partials[(first_slot + s) * slot_floats + G * D + g]);
+        m_max = std::max(m_max, partials[(first_slot + s) * slot_floats + rows * D + row]);
       }
       float l_sum = 0.0f;
-      float* out_row = acc + g * D;
+      float* out_row = acc + row * D;
       std::fill(out_row, out_row + D, 0.0f);
       for (int32_t s = 0; s < it.num_splits; ++s) {
         const float* p = partials.data() + (first_slot + s) * slot_floats;
-        const float w_s = std::exp2(p[G * D + g] - m_max);
-        l_sum += p[G * D + G + g] * w_s;
-        for (int32_t d = 0; d < D; ++d) out_row[d] += p[g * D + d] * w_s;
+        const float weight = std::exp2(p[rows * D + row] - m_max);
+        l_sum += p[rows * D + rows + row] * weight;
+        for (int32_t d = 0; d < D; ++d) out_row[d] += p[row * D + d] * weight;
       }
-      l[g] = l_sum;
+      l[row] = l_sum;
     }
-    write_rows(a, it.request, 1, it.kv_head * G, G, acc, l);
+    write_rows(a, it.request, 1, 0, rows, acc, l);
   }
   return Status::Ok();
 }
@@ -337,16 +350,31 @@ Status paged_attention_extend(const PagedAttentionArgs& a) {
   const int threads = thread_count(a);
   const IsaKernels& k = isa_kernels(kernel_isa());
   const int dt = a.kv_dtype == DType::kBF16;
-  const int32_t tile = std::max<int32_t>(1, kTileRows / G);  // query tokens per item
+  // Query tokens per item: big tiles amortize each K chunk's transpose over more rows; halve them
+  // while there would be fewer than ~4 items per thread.
+  int32_t tile = std::max<int32_t>(1, kTileRows / G);
+  const auto count_items = [&](int32_t t) {
+    int64_t n = 0;
+    for (int32_t r = 0; r < R; ++r) {
+      const int32_t qlen = a.query_start_loc[r + 1] - a.query_start_loc[r];
+      n += qlen == 1 ? 1 : static_cast<int64_t>(H) * ((qlen + t - 1) / t);
+    }
+    return n;
+  };
+  while (tile * G > kMinTileRows && count_items(tile) < 4 * threads) tile = std::max(1, tile / 2);
 
   struct Item {
-    int32_t request, kv_head, first_query, num_queries;
+    int32_t request, kv_head, first_query, num_queries;  // kv_head -1: a decode row, all heads
     int64_t cost;  // ~ rows x keys, to start the expensive items first
   };
   std::vector<Item> items;
   for (int32_t r = 0; r < R; ++r) {
     const int32_t qlen = a.query_start_loc[r + 1] - a.query_start_loc[r];
     const int32_t ctx = a.context_lens[r];
+    if (qlen == 1) {
+      items.push_back({r, -1, 0, 1, static_cast<int64_t>(ctx) * H});
+      continue;
+    }
     for (int32_t i0 = 0; i0 < qlen; i0 += tile) {
       const int32_t nq = std::min(tile, qlen - i0);
       const int64_t keys = ctx - qlen + i0 + nq;
@@ -356,28 +384,33 @@ Status paged_attention_extend(const PagedAttentionArgs& a) {
   std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
 
   const int64_t num_items = static_cast<int64_t>(items.size());
-  const int64_t rows_max = static_cast<int64_t>(tile) * G;
+  const int64_t rows_max = static_cast<int64_t>(std::max(tile * G, H * G));
   const int64_t own_floats = rows_max * D * 2 + 2 * rows_max;
   const int64_t scratch_floats =
-      own_floats + std::max(kernels::extend_scratch_floats(D), kernels::decode_scratch_floats(D, G));
+      own_floats + std::max(kernels::extend_scratch_floats(D, static_cast<int32_t>(rows_max)),
+                                    kernels::decode_scratch_floats(D, H * G));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && num_items > 1)
   for (int64_t i = 0; i < num_items; ++i) {
     const Item& it = items[static_cast<size_t>(i)];
     const int32_t qlen = a.query_start_loc[it.request + 1] - a.query_start_loc[it.request];
     const int32_t ctx = a.context_lens[it.request];
     const int64_t token = a.query_start_loc[it.request] + it.first_query;
-    const int64_t rows = static_cast<int64_t>(it.num_queries) * G;
+    const bool decode_row = it.kv_head < 0;  // all heads of one token: no transposed chunks needed
+    const int32_t first_head = decode_row ? 0 : it.kv_head * G;
+    const int32_t heads = decode_row ? H * G : G;  // query heads in this item
+    const int64_t rows = static_cast<int64_t>(it.num_queries) * heads;
     float* buf = thread_scratch(scratch_floats);
     float* q = buf;
     float* acc = q + rows * D;
     float* m = acc + rows * D;
     float* l = m + rows;
     float* scratch = buf + own_floats;
-    load_queries(a, token, it.num_queries, it.kv_head * G, G, q);
-    if (qlen == 1) {  // a decode row in a mixed batch: all keys, no transposed chunks needed
+    load_queries(a, token, it.num_queries, first_head, heads, q);
+    if (decode_row) {
       DecodeWork w;
-      w.kv = kv_view(a, it.request, it.kv_head);
-      w.num_rows = G;
+      w.kv = kv_view(a, it.request, 0);
+      w.num_kv_heads = H;
+      w.group = G;
       w.q = q;
       w.key_begin = 0;
       w.key_end = ctx;
@@ -399,7 +432,7 @@ Status paged_attention_extend(const PagedAttentionArgs& a) {
       w.scratch = scratch;
       k.extend[dt](w);
     }
-    write_rows(a, token, it.num_queries, it.kv_head * G, G, acc, l);
+    write_rows(a, token, it.num_queries, first_head, heads, acc, l);
   }
   return Status::Ok();
 }

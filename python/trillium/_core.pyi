@@ -120,3 +120,42 @@ class RadixTree:
     @property
     def num_evicted_blocks(self) -> int:
         """Blocks evict() or clear() dropped from the tree."""
+
+# ---------------------------------------------------------------- CPU kernels (cpp/bindings/kernels.cc)
+# Tensors cross as tuples of ints built by trillium.ops.attention (the typed wrappers; call those):
+#   rows  = (data_ptr, num_heads, stride_token, stride_head, dtype)   dtype: 0 float32, 1 bfloat16
+#   cache = (k_ptr, v_ptr, dtype, num_blocks, block_size, num_kv_heads, head_dim)
+#   batch = (num_requests, num_tokens, query_start_loc_ptr, context_lens_ptr, block_tables_ptr,
+#            block_table_stride)                                       int32 metadata
+
+def paged_attention(
+    query: tuple[int, int, int, int, int],
+    out: tuple[int, int, int, int, int],
+    cache: tuple[int, int, int, int, int, int, int],
+    batch: tuple[int, int, int, int, int, int],
+    scale: float,
+    num_threads: int,
+    decode: bool,
+) -> None:
+    """Paged attention over one layer's pool; releases the GIL. ValueError (nothing written) on bad
+    sizes, lengths or block ids. decode=True needs one token per request."""
+
+def store_kv(
+    key: tuple[int, int, int, int, int],
+    value: tuple[int, int, int, int, int],
+    cache: tuple[int, int, int, int, int, int, int],
+    slot_mapping: int,
+    num_tokens: int,
+    num_threads: int,
+) -> None:
+    """Write K/V rows into their slots (int64 pointer; negative = skip); releases the GIL.
+    ValueError (nothing written) on a slot outside the pool."""
+
+def kernel_isa() -> str:
+    """Instruction set the CPU kernels use now: 'avx512', 'avx2' or 'portable'."""
+
+def supported_kernel_isas() -> list[str]:
+    """Instruction sets this CPU and build can run, worst first."""
+
+def set_kernel_isa(name: str) -> None:
+    """Force one instruction set (tests, benchmarks); ValueError if unsupported. Process-wide."""

@@ -8,3 +8,27 @@ def device_count() -> int:
 
 def fill_(ptr: int, n: int, value: float, stream: int = 0) -> None:
     """Asynchronously set n float32 values at device pointer ptr; RuntimeError on a CUDA error."""
+
+def store_kv(
+    key: tuple[int, int, int, int, int],
+    value: tuple[int, int, int, int, int],
+    cache: tuple[int, int, int, int, int, int, int],
+    slot_mapping: int,
+    num_tokens: int,
+    stream: int = 0,
+) -> None:
+    """Asynchronous store_kv on stream (tuples as trillium._core.store_kv, device pointers);
+    out-of-pool slots are skipped."""
+
+def paged_attention(
+    query: tuple[int, int, int, int, int],
+    out: tuple[int, int, int, int, int],
+    cache: tuple[int, int, int, int, int, int, int],
+    batch: tuple[int, int, int, int, int, int],
+    scale: float,
+    decode: bool,
+    max_query_len: int,
+    stream: int = 0,
+) -> None:
+    """Asynchronous paged attention (decode or extend) on stream; head_dim 64, 128 or 256.
+    ValueError on arguments the launcher rejects, RuntimeError on a CUDA error."""

@@ -1,4 +1,8 @@
-"""paged_attention / store_kv against dense causal attention on fresh random inputs."""
+"""paged_attention / store_kv against dense causal attention, for both implementations: the torch
+reference (trillium.ops.attention_ref) and the compiled kernels (trillium.ops.attention).
+
+The kernels are tested at length in tests/kernels; here both implementations meet the same
+independent dense oracle on small fixed batches."""
 
 from __future__ import annotations
 
@@ -8,7 +12,10 @@ import random
 import pytest
 import torch
 
-from trillium.ops.attention import AttentionMetadata, paged_attention, store_kv
+from trillium.ops import attention, attention_ref
+from trillium.ops.attention import AttentionMetadata
+
+IMPLEMENTATIONS = [pytest.param(attention_ref, id="ref"), pytest.param(attention, id="kernel")]
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM = 9, 3, 64  # GQA group of 3, like SmolLM2
 NUM_BLOCKS = 64
@@ -48,10 +55,11 @@ def _dense_reference(q, k, v, query_len: int, context_len: int, scale: float) ->
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("batch", list(BATCHES))
-def test_paged_attention_matches_dense(batch: str, block_size: int, dtype: torch.dtype) -> None:
+def test_paged_attention_matches_dense(batch: str, block_size: int, dtype: torch.dtype, impl) -> None:
     rng = random.Random(f"{batch}-{block_size}")
     gen = torch.Generator().manual_seed(rng.randrange(2**31))
     spec = BATCHES[batch]
@@ -70,15 +78,15 @@ def test_paged_attention_matches_dense(batch: str, block_size: int, dtype: torch
     for table, (cached, _), k, v in zip(tables, spec, full_k, full_v):
         if cached:
             slots = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(cached)])
-            store_kv(k[:cached], v[:cached], k_cache, v_cache, slots)
+            impl.store_kv(k[:cached], v[:cached], k_cache, v_cache, slots)
     # This step: store the new tokens' K/V, then attend.
     new_k = torch.cat([k[c:] for (c, _), k in zip(spec, full_k)])  # [T, Hkv, D]
     new_v = torch.cat([v[c:] for (c, _), v in zip(spec, full_v)])
-    store_kv(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
+    impl.store_kv(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
     query = torch.randn(sum(query_lens), NUM_Q_HEADS, HEAD_DIM, generator=gen).to(dtype)  # [T, Hq, D]
     scale = 1 / math.sqrt(HEAD_DIM)
 
-    out = paged_attention(query, k_cache, v_cache, meta, scale)
+    out = impl.paged_attention(query, k_cache, v_cache, meta, scale)
     assert out.shape == query.shape and out.dtype == dtype
     starts = meta.query_start_loc.tolist()
     for r, (n, ctx) in enumerate(zip(query_lens, context_lens)):
@@ -87,8 +95,9 @@ def test_paged_attention_matches_dense(batch: str, block_size: int, dtype: torch
         torch.testing.assert_close(out[starts[r] : starts[r + 1]].float(), expected, **TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_store_kv_writes_exactly_the_slots(block_size: int) -> None:
+def test_store_kv_writes_exactly_the_slots(block_size: int, impl) -> None:
     gen = torch.Generator().manual_seed(0)
     shape = (8, block_size, NUM_KV_HEADS, HEAD_DIM)
     k_cache = torch.full(shape, -7.0)
@@ -96,7 +105,7 @@ def test_store_kv_writes_exactly_the_slots(block_size: int) -> None:
     slots = torch.tensor([5, block_size + 1, 3 * block_size + block_size - 1, 7 * block_size])
     key = torch.randn(len(slots), NUM_KV_HEADS, HEAD_DIM, generator=gen)
     value = torch.randn(len(slots), NUM_KV_HEADS, HEAD_DIM, generator=gen)
-    store_kv(key, value, k_cache, v_cache, slots)
+    impl.store_kv(key, value, k_cache, v_cache, slots)
     flat_k = k_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)
     flat_v = v_cache.view(-1, NUM_KV_HEADS, HEAD_DIM)
     torch.testing.assert_close(flat_k[slots], key, rtol=0, atol=0)
@@ -106,16 +115,19 @@ def test_store_kv_writes_exactly_the_slots(block_size: int) -> None:
     assert bool((flat_k[untouched] == -7.0).all()) and bool((flat_v[untouched] == -9.0).all())
 
 
-def test_store_kv_casts_to_cache_dtype() -> None:
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_store_kv_casts_to_cache_dtype(impl) -> None:
     k_cache = torch.zeros(2, 16, NUM_KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)
     v_cache = torch.zeros_like(k_cache)
     key = torch.randn(1, NUM_KV_HEADS, HEAD_DIM)
-    store_kv(key, key, k_cache, v_cache, torch.tensor([17]))
+    impl.store_kv(key, key, k_cache, v_cache, torch.tensor([17]))
     assert torch.equal(k_cache[1, 1], key[0].to(torch.bfloat16))
 
 
 def test_build_metadata() -> None:
     meta = AttentionMetadata.build([3, 1], [18, 5], [[4, 9], [2]], 16, "cpu")
+    assert (meta.query_start_loc.dtype, meta.context_lens.dtype, meta.block_tables.dtype) == (torch.int32,) * 3
+    assert meta.slot_mapping.dtype == torch.int64
     assert meta.query_start_loc.tolist() == [0, 3, 4]
     assert meta.context_lens.tolist() == [18, 5]
     assert meta.block_tables.tolist() == [[4, 9], [2, 0]]

@@ -12,9 +12,9 @@
 
 namespace trillium::kernels {
 
-// Keys and values of one request and one KV head, as the inner loops walk them.
+// Keys and values of one request, as the inner loops walk them.
 struct KVView {
-  const void* k = nullptr;  // pool base, already offset to this KV head
+  const void* k = nullptr;  // pool base (decode: KV head 0; extend: already offset to its KV head)
   const void* v = nullptr;
   const int32_t* block_table = nullptr;  // this request's row
   int64_t block_stride = 0;              // elements between blocks
@@ -23,16 +23,20 @@ struct KVView {
   int32_t head_dim = 0;  // multiple of 16
 };
 
-// Decode: G query rows (the query heads of one KV head, one token) against keys [key_begin, key_end).
+// Decode: one token's H * G query rows (row = h * G + g, i.e. query head order) against keys
+// [key_begin, key_end) of all H KV heads. Walking whole token rows (every head) keeps the reads
+// sequential inside a block: per-head items would read a third of each line pair the hardware
+// prefetchers fetch.
 struct DecodeWork {
   KVView kv;
-  int32_t num_rows = 0;  // G
-  const float* q = nullptr;  // [G, head_dim], pre-scaled
+  int32_t num_kv_heads = 0;  // H
+  int32_t group = 0;         // G
+  const float* q = nullptr;  // [H * G, head_dim], pre-scaled
   int32_t key_begin = 0, key_end = 0;  // key_end > key_begin
-  float* acc = nullptr;  // [G, head_dim] out, unnormalized
-  float* m = nullptr;    // [G] out
-  float* l = nullptr;    // [G] out
-  float* scratch = nullptr;  // >= decode_scratch_floats(head_dim, G)
+  float* acc = nullptr;  // [H * G, head_dim] out, unnormalized
+  float* m = nullptr;    // [H * G] out
+  float* l = nullptr;    // [H * G] out
+  float* scratch = nullptr;  // >= decode_scratch_floats(head_dim, H * G)
 };
 
 // Extend: num_queries consecutive new tokens x G heads = num_queries * G rows (row = i * G + g);
@@ -46,18 +50,19 @@ struct ExtendWork {
   float* acc = nullptr;      // [rows, head_dim] out, unnormalized
   float* m = nullptr;        // [rows] out
   float* l = nullptr;        // [rows] out
-  float* scratch = nullptr;  // >= extend_scratch_floats(head_dim)
+  float* scratch = nullptr;  // >= extend_scratch_floats(head_dim, rows)
 };
 
 // Upper bounds of the per-ISA blocking constants (simd_*.h), which size the scratch buffers.
 constexpr int kMaxChunk = 64;     // keys per extend chunk
 constexpr int kMaxRowBlock = 16;  // query rows per extend register block
 
-inline int64_t decode_scratch_floats(int32_t head_dim, int32_t group) {
-  return 16 * static_cast<int64_t>(head_dim) + 16 * static_cast<int64_t>(group);
+inline int64_t decode_scratch_floats(int32_t head_dim, int32_t rows) {
+  (void)head_dim;
+  return 32 * static_cast<int64_t>(rows);
 }
-inline int64_t extend_scratch_floats(int32_t head_dim) {
-  return 2 * kMaxChunk * static_cast<int64_t>(head_dim) + kMaxRowBlock * kMaxChunk;
+inline int64_t extend_scratch_floats(int32_t head_dim, int32_t rows) {
+  return 2 * kMaxChunk * static_cast<int64_t>(head_dim) + kMaxRowBlock * kMaxChunk + 16 * static_cast<int64_t>(rows);
 }
 
 using DecodeFn = void (*)(const DecodeWork&);
@@ -70,7 +75,7 @@ struct IsaKernels {
 };
 
 IsaKernels portable_kernels();
-#if defined(__x86_64__) || defined(_M_X64)
+#if defined(__x86_64__)
 IsaKernels avx2_kernels();
 IsaKernels avx512_kernels();
 #endif

@@ -77,5 +77,20 @@ inline F16 vsum16(const F16* v) {
   return {transpose_sum8(r), transpose_sum8(r + 8)};
 }
 
+// In-place 16x16 transpose: lane d of r[t] becomes lane t of r[d] (through memory).
+inline void vtranspose16(F16* r) {
+  float m[16][16];
+  for (int t = 0; t < 16; ++t) vstore(m[t], r[t]);
+  for (int d = 0; d < 16; ++d) {
+    float col[16];
+    for (int t = 0; t < 16; ++t) col[t] = m[t][d];
+    r[d] = vload(col);
+  }
+}
+inline bool vany_gt(const F16& a, const F16& b) {
+  return _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ), _mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ))) != 0;
+}
+
 constexpr int kRowBlock = 4;
+constexpr int kNG = 1;  // heads whose PV accumulators stay in registers together
 constexpr int kChunkPacks = 1;

@@ -93,7 +93,24 @@ inline F16 vsum16(const F16* v) {
   for (int t = 0; t < 16; ++t) r.v[t] = vsum(v[t]);
   return r;
 }
+// In-place 16x16 transpose: lane d of r[t] becomes lane t of r[d] (through memory).
+inline void vtranspose16(F16* r) {
+  float m[16][16];
+  for (int t = 0; t < 16; ++t) vstore(m[t], r[t]);
+  for (int d = 0; d < 16; ++d) {
+    float col[16];
+    for (int t = 0; t < 16; ++t) col[t] = m[t][d];
+    r[d] = vload(col);
+  }
+}
+inline bool vany_gt(const F16& a, const F16& b) {
+  bool any = false;
+  for (int i = 0; i < 16; ++i) any |= a.v[i] > b.v[i];
+  return any;
+}
 
 // Inner-loop blocking for this ISA (see attention_impl.h).
 constexpr int kRowBlock = 4;    // query rows sharing one K/V load
+// Heads whose PV accumulators (x head_dim / 16 packs) are kept in registers at once.
+constexpr int kNG = 1;
 constexpr int kChunkPacks = 1;  // keys per softmax update = 16 * kChunkPacks

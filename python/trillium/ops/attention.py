@@ -111,24 +111,25 @@ def store_kv(
     """Write each new token's K/V into its slot, in place, casting to the cache dtype.
 
     Only the T slots named by ``slot_mapping`` are written (a negative slot skips its token);
-    every other slot is untouched. ValueError on mismatched shapes, dtypes or devices, or a slot
-    outside the pool (nothing is written then).
+    every other slot is untouched. ValueError on mismatched shapes, dtypes or devices, or (CPU) a
+    slot outside the pool, in which case nothing is written; on CUDA such slots are skipped.
     """
     cache = _cache_spec(k_cache, v_cache)
     num_tokens = key.shape[0]
-    key_spec = _rows_spec(key, "key", k_cache.shape[2], k_cache.shape[3])
-    value_spec = _rows_spec(value, "value", k_cache.shape[2], k_cache.shape[3])
-    if value.shape[0] != num_tokens or key.dtype != value.dtype:
+    key_spec = _rows_spec(key, "key", cache[5], cache[6])
+    value_spec = _rows_spec(value, "value", cache[5], cache[6])
+    if value.shape[0] != num_tokens or key_spec[4] != value_spec[4]:
         raise ValueError(f"key {tuple(key.shape)} {key.dtype} and value {tuple(value.shape)} {value.dtype} differ")
     if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (num_tokens,) or not slot_mapping.is_contiguous():
-        raise ValueError(f"slot_mapping must be a contiguous int64 [{num_tokens}] tensor, got "
-                         f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}")
-    _check_device(k_cache, key, value, slot_mapping)
+        raise ValueError(
+            f"slot_mapping must be a contiguous int64 [{num_tokens}] tensor, got "
+            f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}"
+        )
+    on_cuda = _same_device(k_cache, key, value, slot_mapping)
     if num_tokens == 0:
         return
-    if k_cache.is_cuda:
-        _cuda_module().store_kv(key_spec, value_spec, cache, slot_mapping.data_ptr(), num_tokens,
-                                _cuda_stream(k_cache))
+    if on_cuda:
+        _cuda_module().store_kv(key_spec, value_spec, cache, slot_mapping.data_ptr(), num_tokens, _cuda_stream(key))
     else:
         _core.store_kv(key_spec, value_spec, cache, slot_mapping.data_ptr(), num_tokens, torch.get_num_threads())
 
@@ -139,82 +140,104 @@ def paged_attention(
     v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     meta: AttentionMetadata,
     scale: float,
-) -> torch.Tensor:  # [T, Hq, D] in the cache dtype
+    out: torch.Tensor | None = None,  # [T, Hq, D], written in full
+) -> torch.Tensor:  # [T, Hq, D] in the cache dtype (or out's dtype)
     """Causal attention of each new token over its request's KV (this step's K/V already stored).
 
     New token i of request r sits at absolute position ``context_len - query_len + i`` and sees
     KV positions ``<=`` its own. Hq must be a multiple of Hkv (grouped-query attention) and
-    head_dim a multiple of 16. Softmax and accumulation in fp32; the result is in the cache dtype.
-    ValueError on mismatched shapes, dtypes or devices, or metadata inconsistent with the pool.
+    head_dim a multiple of 16 (CUDA: 64, 128 or 256). Softmax and accumulation in fp32; the result
+    is in the cache dtype, or written into ``out`` (float32 or bfloat16, last dimension
+    contiguous) and returned. ValueError on mismatched shapes, dtypes or devices, or (CPU)
+    metadata inconsistent with the pool; nothing is written then.
     """
     cache = _cache_spec(k_cache, v_cache)
-    num_tokens, num_q_heads, head_dim = query.shape
-    query_spec = _rows_spec(query, "query", num_q_heads, k_cache.shape[3])
-    if num_tokens != len(meta.slot_mapping):
-        raise ValueError(f"query has {num_tokens} tokens, the metadata {len(meta.slot_mapping)}")
-    _check_device(k_cache, query, meta.block_tables)
-    out = torch.empty(num_tokens, num_q_heads, head_dim, dtype=k_cache.dtype, device=query.device)
-    if num_tokens == 0:
-        return out
-    out_spec = (out.data_ptr(), num_q_heads, num_q_heads * head_dim, head_dim, _DTYPE_CODES[out.dtype])
     batch = meta._plans.get("kernel_batch")
     if batch is None:
         batch = meta._plans["kernel_batch"] = _batch_spec(meta)
-    decode = meta.is_decode_only
-    if query.is_cuda:
-        _cuda_module().paged_attention(query_spec, out_spec, cache, batch, float(scale), decode,
-                                       meta.max_query_len, _cuda_stream(query))
+    num_tokens = batch[1]
+    shape = query.shape
+    if len(shape) != 3 or shape[0] != num_tokens:
+        raise ValueError(f"query must be [{num_tokens}, num_q_heads, head_dim] for this metadata, got {tuple(shape)}")
+    query_spec = _rows_spec(query, "query", shape[1], cache[6])
+    if out is None:
+        out = query.new_empty(shape, dtype=k_cache.dtype)
+    elif out.shape[0] != num_tokens:
+        raise ValueError(f"out has {out.shape[0]} tokens, query {num_tokens}")
+    out_spec = _rows_spec(out, "out", shape[1], cache[6])
+    on_cuda = _same_device(k_cache, query, out, meta.block_tables)
+    if num_tokens == 0:
+        return out
+    decode = meta.max_query_len == 1
+    if on_cuda:
+        _cuda_module().paged_attention(
+            query_spec, out_spec, cache, batch, float(scale), decode, meta.max_query_len, _cuda_stream(query)
+        )
     else:
         _core.paged_attention(query_spec, out_spec, cache, batch, float(scale), torch.get_num_threads(), decode)
     return out
 
 
 # ------------------------------------------------------------------------------------------ checks
+# Called for every layer of every step: the common path is one combined condition; the detailed
+# message is built only on failure.
 def _cache_spec(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple:
     """(k_ptr, v_ptr, dtype code, num_blocks, block_size, num_kv_heads, head_dim) of a checked pool."""
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache {tuple(v_cache.shape)} "
-                         f"{v_cache.dtype} must be equal [num_blocks, block_size, num_kv_heads, head_dim] pools")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("k_cache and v_cache must be contiguous")
+    shape = k_cache.shape
     code = _DTYPE_CODES.get(k_cache.dtype)
-    if code is None:
-        raise ValueError(f"cache dtype must be float32 or bfloat16, got {k_cache.dtype}")
-    if k_cache.device != v_cache.device:
-        raise ValueError(f"k_cache on {k_cache.device}, v_cache on {v_cache.device}")
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-    return (k_cache.data_ptr(), v_cache.data_ptr(), code, num_blocks, block_size, num_kv_heads, head_dim)
+    if (
+        code is None
+        or len(shape) != 4
+        or v_cache.shape != shape
+        or v_cache.dtype != k_cache.dtype
+        or not k_cache.is_contiguous()
+        or not v_cache.is_contiguous()
+    ):
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache {tuple(v_cache.shape)} {v_cache.dtype} "
+            "must be equal, contiguous [num_blocks, block_size, num_kv_heads, head_dim] pools of dtype float32 "
+            "or bfloat16"
+        )
+    return (k_cache.data_ptr(), v_cache.data_ptr(), code, shape[0], shape[1], shape[2], shape[3])
 
 
 def _rows_spec(x: torch.Tensor, name: str, num_heads: int, head_dim: int) -> tuple:
     """(data_ptr, num_heads, stride_token, stride_head, dtype code) of a [T, num_heads, head_dim] tensor
     whose last dimension is contiguous (token and head strides are free: views of a fused QKV work)."""
-    if x.dim() != 3 or x.shape[1] != num_heads or x.shape[2] != head_dim:
-        raise ValueError(f"{name} must be [T, {num_heads}, {head_dim}], got {tuple(x.shape)}")
+    shape = x.shape
+    stride = x.stride()
     code = _DTYPE_CODES.get(x.dtype)
-    if code is None:
-        raise ValueError(f"{name} dtype must be float32 or bfloat16, got {x.dtype}")
-    if x.stride(2) != 1 and head_dim > 1:
-        raise ValueError(f"{name} must have a contiguous last dimension, strides {x.stride()}")
-    return (x.data_ptr(), num_heads, x.stride(0), x.stride(1), code)
+    if code is None or len(shape) != 3 or shape[1] != num_heads or shape[2] != head_dim or stride[2] != 1:
+        raise ValueError(
+            f"{name} must be a [T, {num_heads}, {head_dim}] tensor of dtype float32 or bfloat16 with a contiguous "
+            f"last dimension, got {x.dtype} {tuple(shape)} strides {stride}"
+        )
+    return (x.data_ptr(), num_heads, stride[0], stride[1], code)
 
 
-def _check_device(cache: torch.Tensor, *tensors: torch.Tensor) -> None:
-    for t in tensors:
-        if t.device != cache.device:
-            raise ValueError(f"tensor on {t.device}, KV cache on {cache.device}")
+def _same_device(cache: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """True for CUDA, False for CPU; ValueError unless every tensor is on the cache's device."""
+    if cache.is_cuda:
+        device = cache.device
+        if any(t.device != device for t in tensors):
+            raise ValueError(f"all tensors must be on the KV cache's device {device}")
+        return True
+    if any(t.is_cuda for t in tensors) or cache.device.type != "cpu":
+        raise ValueError(f"all tensors must be on the KV cache's device {cache.device} (cpu or cuda)")
+    return False
 
 
 def _batch_spec(meta: AttentionMetadata) -> tuple:
     """(num_requests, num_tokens, query_start_loc_ptr, context_lens_ptr, block_tables_ptr, table stride)."""
     tensors = (meta.query_start_loc, meta.context_lens, meta.block_tables)
     if any(t.dtype != torch.int32 or not t.is_contiguous() for t in tensors):
-        raise ValueError("query_start_loc, context_lens and block_tables must be contiguous int32 "
-                         "(use AttentionMetadata.build)")
+        raise ValueError(
+            "query_start_loc, context_lens and block_tables must be contiguous int32 (use AttentionMetadata.build)"
+        )
     num_requests = len(meta.context_lens_list)
     return (
         num_requests,
-        len(meta.slot_mapping),
+        sum(meta.query_lens),
         meta.query_start_loc.data_ptr(),
         meta.context_lens.data_ptr(),
         meta.block_tables.data_ptr(),
