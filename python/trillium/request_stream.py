@@ -22,6 +22,8 @@ class StreamOutput:
     token_ids: list[int]  # new token ids
     finish_reason: FinishReason | None = None
     error: str | None = None
+    # One (chosen logprob, [(token id, logprob)] best first) per new token id, when asked.
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 class RequestStream:
@@ -71,7 +73,7 @@ class RequestStream:
         elif reason is not None:
             text += self._stop.flush()
         self.finish_reason = reason
-        return StreamOutput(text, delta.token_ids, reason, delta.error)
+        return StreamOutput(text, delta.token_ids, reason, delta.error, delta.logprobs)
 
     def abort(self) -> None:
         """Tell the engine to drop this request and free its blocks now (idempotent)."""

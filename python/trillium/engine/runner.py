@@ -70,15 +70,22 @@ class ModelRunner:
 
         sample_rows = [i for i, r in enumerate(requests) if r.sample]
         sampled = [-1] * len(requests)
+        logprobs = None
         if sample_rows:
             ends = meta.query_start_loc[1:] - 1  # [R] last new token of each request
             last = ends[torch.tensor(sample_rows, dtype=torch.long)]
             logits = self.model.compute_logits(hidden.index_select(0, last.to(self.device)))  # [S, V]
             params = [requests[i].sampling for i in sample_rows]
             generators = [self._generator(requests[i]) for i in sample_rows]
-            for i, token_id in zip(sample_rows, sample(logits.float().cpu(), params, generators)):
+            histories = [_history(requests[i]) for i in sample_rows]
+            result = sample(logits.float().cpu(), params, generators, histories)
+            for i, token_id in zip(sample_rows, result.token_ids):
                 sampled[i] = token_id
-        return StepOutput(sampled)
+            if result.logprobs is not None:
+                logprobs = [None] * len(requests)
+                for i, lp in zip(sample_rows, result.logprobs):
+                    logprobs[i] = lp
+        return StepOutput(sampled, logprobs)
 
     def _generator(self, request) -> torch.Generator | None:
         """A per-request generator for seeded requests, so their samples ignore the batch."""
@@ -90,3 +97,9 @@ class ModelRunner:
             gen = torch.Generator().manual_seed(seed)
             self._generators[request.request_id] = gen
         return gen
+
+
+def _history(request) -> tuple[list[int], list[int]] | None:
+    if request.prompt_token_ids is None:
+        return None
+    return request.prompt_token_ids, request.output_token_ids or []

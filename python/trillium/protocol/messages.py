@@ -43,6 +43,19 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     stop_token_ids: list[int] = msgspec.field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    min_p: float = 0.0
+    presence_penalty: float = 0.0  # OpenAI: subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # OpenAI: subtracted per occurrence in the output so far
+    repetition_penalty: float = 1.0  # vLLM/HF: divides positive (multiplies negative) logits of
+    #                                  tokens seen in prompt or output
+    logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
+    min_tokens: int = 0  # EOS and stop token ids are ignored before this many output tokens
+    logprobs: int | None = None  # None: off; k >= 0: chosen token's logprob plus top k
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the sampler needs the request's token ids (penalties)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -53,6 +66,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off) or at least 1, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
 
 
 class AddRequest(msgspec.Struct, gc=False, kw_only=True):
@@ -89,6 +106,9 @@ class TokenDelta(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     num_prompt_tokens: int = 0
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # One entry per token id when the request asked for logprobs:
+    # (logprob of the chosen token, [(top token id, logprob), ...] best first)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 class TokenizeRequest(msgspec.Struct, gc=False, kw_only=True):

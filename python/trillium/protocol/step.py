@@ -25,6 +25,9 @@ class ScheduledRequest(msgspec.Struct, gc=False, kw_only=True):
     sample: bool
     sampling: SamplingParams
     num_output_tokens: int = 0
+    # Only when ``sample`` and the params need history (penalties): prompt and output ids so far.
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] | None = None
 
 
 class StepInput(msgspec.Struct, gc=False, kw_only=True):
@@ -35,6 +38,11 @@ class StepInput(msgspec.Struct, gc=False, kw_only=True):
 
 
 class StepOutput(msgspec.Struct, gc=False):
-    """One sampled token per scheduled request, ``-1`` where ``sample`` was false."""
+    """One sampled token per scheduled request, ``-1`` where ``sample`` was false.
+
+    ``logprobs[i]`` is set for rows that sampled and asked for logprobs: (chosen token's
+    logprob, [(token id, logprob)] top alternatives best first).
+    """
 
     sampled_token_ids: list[int]
+    logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None

@@ -38,6 +38,8 @@ def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
         num_prompt_tokens=new.num_prompt_tokens,
         error=new.error,
         num_cached_tokens=new.num_cached_tokens,
+        logprobs=None if old.logprobs is None and new.logprobs is None
+        else (old.logprobs or []) + (new.logprobs or []),
     )
 
 
@@ -151,7 +153,7 @@ class SchedulerActor(Actor):
             request.first_token_time = now
         request.reply.put(
             TokenDelta(request.request_id, update.new_token_ids, update.finish_reason, request.num_prompt_tokens,
-                       num_cached_tokens=request.num_cached_tokens or 0)
+                       num_cached_tokens=request.num_cached_tokens or 0, logprobs=update.logprobs)
         )
         if update.finish_reason is not None:
             request.reply.close()

@@ -45,6 +45,7 @@ class RequestUpdate:
     request: Request
     new_token_ids: list[int]
     finish_reason: FinishReason | None
+    logprobs: list | None = None  # one (chosen logprob, top alternatives) per new token
 
 
 class SchedulerPolicy:
@@ -145,7 +146,8 @@ class SchedulerPolicy:
     def update(self, plan: StepPlan, output: StepOutput) -> list[RequestUpdate]:
         """Apply a step's result: advance progress, append sampled tokens, finish requests."""
         updates: list[RequestUpdate] = []
-        for (request, num_new), token_id in zip(plan.scheduled, output.sampled_token_ids):
+        logprobs = output.logprobs or [None] * len(output.sampled_token_ids)
+        for (request, num_new), token_id, lp in zip(plan.scheduled, output.sampled_token_ids, logprobs):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted or aborted while the step ran
             request.num_computed_tokens += num_new
@@ -157,7 +159,7 @@ class SchedulerPolicy:
             if reason is not None:
                 self.running.remove(request)
                 self._finish(request, reason)
-            updates.append(RequestUpdate(request, [token_id], reason))
+            updates.append(RequestUpdate(request, [token_id], reason, None if lp is None else [lp]))
         return updates
 
     def fail(self, plan: StepPlan) -> list[Request]:
@@ -190,10 +192,11 @@ class SchedulerPolicy:
 
     def _check_stop(self, request: Request, token_id: int) -> FinishReason | None:
         sampling = request.sampling
-        if not sampling.ignore_eos and token_id in self.config.eos_token_ids:
-            return FinishReason.STOP
-        if token_id in sampling.stop_token_ids:
-            return FinishReason.STOP
+        if len(request.output_token_ids) > sampling.min_tokens:
+            if not sampling.ignore_eos and token_id in self.config.eos_token_ids:
+                return FinishReason.STOP
+            if token_id in sampling.stop_token_ids:
+                return FinishReason.STOP
         if len(request.output_token_ids) >= request.max_tokens:
             return FinishReason.LENGTH
         if request.num_tokens >= self.config.max_model_len:
@@ -203,12 +206,16 @@ class SchedulerPolicy:
     def _scheduled_request(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
+        sample = end == request.num_tokens
+        history = sample and request.sampling.needs_history
         return ScheduledRequest(
             request_id=request.request_id,
             token_ids=request.token_ids_slice(start, end),
             start_pos=start,
             block_ids=list(request.block_ids),
-            sample=end == request.num_tokens,
+            sample=sample,
             sampling=request.sampling,
             num_output_tokens=len(request.output_token_ids),
+            prompt_token_ids=request.prompt_token_ids if history else None,
+            output_token_ids=list(request.output_token_ids) if history else None,
         )

@@ -40,6 +40,8 @@ def build_app(client: EngineClient, draining: trio.Event) -> Starlette:
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
+            Route("/tokenize", routes.tokenize, methods=["POST"]),
+            Route("/detokenize", routes.detokenize, methods=["POST"]),
         ],
         exception_handlers={APIError: _api_error, Exception: _internal_error},
     )

@@ -1,4 +1,4 @@
-"""Route handlers: OpenAI chat completions, completions, models, health.
+"""Route handlers: OpenAI chat completions, completions, models, health, tokenize.
 
 All JSON and chat-template work stays here and in the tokenizer actor; the scheduler only
 ever sees token ids (llama.cpp server's rule).
@@ -16,13 +16,17 @@ from starlette.responses import Response, StreamingResponse
 
 from trillium.engine_client import EngineClient, EngineOverloaded, TokenizeError
 from trillium.protocol import FinishReason
-from trillium.request_stream import RequestStream
 from trillium.server import sse
 from trillium.server.errors import APIError, overloaded
+from trillium.server.openai_shapes import ChoiceFanout, LogprobsFormatter, ResponseShape, error_payload
 from trillium.server.schema import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeBody,
+    TokenizeBody,
+    chat_logprobs,
     chat_messages,
+    completion_logprobs,
     decode_body,
     sampling_params,
 )
@@ -65,7 +69,8 @@ class Routes:
         self._check_model(body.model)
         messages = chat_messages(body)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        sampling = sampling_params(body, max_tokens, default_max_tokens=None)
+        sampling = sampling_params(body, max_tokens, default_max_tokens=None,
+                                   vocab_size=self.client.model_config.vocab_size, logprobs=chat_logprobs(body))
         prompt_ids = await self._tokenize(messages=messages)
         self._check_length(len(prompt_ids), sampling.max_tokens, "messages")
         return await self._run(body, prompt_ids, sampling, chat=True)
@@ -73,6 +78,13 @@ class Routes:
     async def completions(self, request: Request) -> Response:
         body = decode_body(await request.body(), CompletionRequest)
         self._check_model(body.model)
+        if body.suffix:
+            raise APIError("suffix is not supported", param="suffix")
+        if body.echo and body.logprobs is not None:
+            raise APIError("echo together with logprobs is not supported (no prompt logprobs)", param="echo")
+        sampling = sampling_params(body, body.max_tokens, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
+                                   vocab_size=self.client.model_config.vocab_size,
+                                   logprobs=completion_logprobs(body))
         prompt = body.prompt
         if isinstance(prompt, list) and len({type(p) for p in prompt}) > 1:
             raise APIError("prompt must be a string, a list of strings, or a list of token ids", param="prompt")
@@ -91,9 +103,34 @@ class Routes:
             if not prompt:
                 raise APIError("prompt must not be empty", param="prompt")
             prompt_ids = await self._tokenize(prompt=prompt)
-        sampling = sampling_params(body, body.max_tokens, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
         self._check_length(len(prompt_ids), sampling.max_tokens, "prompt")
-        return await self._run(body, prompt_ids, sampling, chat=False)
+        echo = None
+        if body.echo:
+            echo = prompt if isinstance(prompt, str) else self.client.tokenizer.decode(prompt_ids)
+        return await self._run(body, prompt_ids, sampling, chat=False, echo=echo)
+
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's ``POST /tokenize``: ``{prompt | messages}`` -> ``{count, max_model_len, tokens}``."""
+        body = decode_body(await request.body(), TokenizeBody)
+        self._check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError("exactly one of prompt and messages is required", param="prompt")
+        if body.messages is not None:
+            messages = chat_messages(ChatCompletionRequest(messages=body.messages))
+            tokens = await self._tokenize(messages=messages)
+        else:
+            tokens = await trio.to_thread.run_sync(self.client.tokenizer.encode, body.prompt, body.add_special_tokens)
+        return json_response({"count": len(tokens), "max_model_len": self.client.max_model_len, "tokens": tokens})
+
+    async def detokenize(self, request: Request) -> Response:
+        """vLLM's ``POST /detokenize``: ``{tokens}`` -> ``{prompt}``."""
+        body = decode_body(await request.body(), DetokenizeBody)
+        self._check_model(body.model)
+        vocab = self.client.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise APIError(f"tokens must be in [0, {vocab})", param="tokens")
+        text = await trio.to_thread.run_sync(self.client.tokenizer.decode, body.tokens)
+        return json_response({"prompt": text})
 
     # ---- shared -------------------------------------------------------------------------------
 
@@ -123,102 +160,119 @@ class Routes:
                 code="context_length_exceeded",
             )
 
-    async def _run(self, body, prompt_ids: list[int], sampling, *, chat: bool) -> Response:
+    async def _run(self, body, prompt_ids: list[int], sampling, *, chat: bool, echo: str | None = None) -> Response:
         prefix = "chatcmpl" if chat else "cmpl"
         request_id = f"{prefix}-{uuid.uuid4().hex}"
+        if body.cache_salt is not None and not body.cache_salt:
+            raise APIError("cache_salt must be a non-empty string", param="cache_salt")
+
+        def open_choice(i: int):
+            choice_sampling = sampling
+            if i > 0 and sampling.seed is not None:
+                choice_sampling = msgspec.structs.replace(sampling, seed=sampling.seed + i)
+            choice_id = request_id if i == 0 else f"{request_id}-{i}"
+            return self.client.open_stream(choice_id, prompt_ids, choice_sampling, cache_salt=body.cache_salt)
+
         try:
-            if body.cache_salt is not None and not body.cache_salt:
-                raise APIError("cache_salt must be a non-empty string", param="cache_salt")
-            stream = self.client.open_stream(request_id, prompt_ids, sampling, cache_salt=body.cache_salt)
+            fanout = ChoiceFanout(open_choice, body.n)
         except EngineOverloaded as exc:
             raise overloaded(str(exc)) from None
-        shape = _Shape(request_id, self.client.model_name, chat)
+        formatter = LogprobsFormatter(self.client.tokenizer, chat) if sampling.logprobs is not None else None
+        shape = ResponseShape(request_id, self.client.model_name, chat, formatter)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_sse_body(stream, shape, include_usage), media_type="text/event-stream",
+            return StreamingResponse(_sse_body(fanout, shape, include_usage, echo), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await _full_response(stream, shape)
+        return await _full_response(fanout, shape, echo)
 
 
-class _Shape:
-    """Builds OpenAI response objects for one request (chat or legacy completions)."""
+class _ChoiceLogprobs:
+    """Accumulates one choice's logprobs (and, for completions, the running text offset)."""
 
-    def __init__(self, request_id: str, model: str, chat: bool) -> None:
-        self.request_id = request_id
-        self.model = model
-        self.chat = chat
-        self.created = int(time.time())
+    def __init__(self, formatter: LogprobsFormatter, text_offset: int) -> None:
+        self.formatter = formatter
+        self.offset = text_offset
+        self.chat_content: list[dict] = []
+        self.completion: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
 
-    def _envelope(self, object_: str) -> dict:
-        return {"id": self.request_id, "object": object_, "created": self.created, "model": self.model}
+    def add(self, token_ids: list[int], logprobs) -> dict | list | None:
+        """Formats the new tokens' logprobs, remembers them, and returns them (for a chunk)."""
+        if not logprobs:
+            return None
+        if self.formatter.chat:
+            new = self.formatter.chat_content(token_ids, logprobs)
+            self.chat_content.extend(new)
+            return new
+        new = self.formatter.completion(token_ids, logprobs, self.offset)
+        self.offset += sum(len(t) for t in new["tokens"])
+        for key, values in new.items():
+            self.completion[key].extend(values)
+        return new
 
-    def chunk(self, text: str | None, finish_reason: str | None, *, first: bool = False) -> dict:
-        if self.chat:
-            delta: dict = {}
-            if first:
-                delta["role"] = "assistant"
-            if text is not None:
-                delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return {**self._envelope("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-        return {**self._envelope("text_completion"), "choices": [choice]}
-
-    def usage_chunk(self, usage: dict) -> dict:
-        return {**self._envelope("chat.completion.chunk" if self.chat else "text_completion"),
-                "choices": [], "usage": usage}
-
-    def full(self, text: str, finish_reason: str, usage: dict) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish_reason}
-            return {**self._envelope("chat.completion"), "choices": [choice], "usage": usage}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {**self._envelope("text_completion"), "choices": [choice], "usage": usage}
+    def result(self) -> dict | list:
+        return self.chat_content if self.formatter.chat else self.completion
 
 
-def _usage(stream: RequestStream) -> dict:
-    p, c = stream.num_prompt_tokens, stream.num_completion_tokens
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": stream.num_cached_tokens}}
-
-
-def _error_payload(message: str) -> dict:
-    return {"error": {"message": message, "type": "internal_error", "param": None, "code": "internal_error"}}
-
-
-async def _full_response(stream: RequestStream, shape: _Shape) -> Response:
-    parts: list[str] = []
+async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: str | None) -> Response:
+    n = fanout.n
+    parts: list[list[str]] = [[echo] if echo else [] for _ in range(n)]
+    reasons = [""] * n
+    logprobs = [_ChoiceLogprobs(shape.logprobs, len(echo or "")) if shape.logprobs else None for _ in range(n)]
     try:
-        async for out in stream:
-            parts.append(out.text)
+        while (item := await fanout.next()) is not None:
+            i, out = item
+            parts[i].append(out.text)
+            if logprobs[i] is not None:
+                logprobs[i].add(out.token_ids, out.logprobs)
             if out.finish_reason == FinishReason.ERROR:
-                return json_response(_error_payload(out.error or "generation failed"), 500)
+                return json_response(error_payload(out.error or "generation failed"), 500)
             if out.finish_reason == FinishReason.ABORT:
                 raise APIError("request aborted: the server is shutting down", status=503,
                                type="server_overloaded", headers={"Retry-After": "1"})
+            if out.finish_reason is not None:
+                reasons[i] = out.finish_reason.openai_name
+    except EngineOverloaded as exc:
+        raise overloaded(str(exc)) from None
     finally:
-        stream.abort()  # a no-op unless we are being cancelled mid-generation
-    return json_response(shape.full("".join(parts), stream.finish_reason.openai_name, _usage(stream)))
+        fanout.abort()  # a no-op unless we are being cancelled mid-generation
+    choices = [("".join(parts[i]), reasons[i], logprobs[i].result() if logprobs[i] else None) for i in range(n)]
+    return json_response(shape.full(choices, fanout.usage()))
 
 
-async def _sse_body(stream: RequestStream, shape: _Shape, include_usage: bool):
+async def _sse_body(fanout: ChoiceFanout, shape: ResponseShape, include_usage: bool, echo: str | None):
     """SSE events of one request. No awaits in ``finally``: a cancelled generator can't await."""
+    n = fanout.n
+    started = [False] * n
+    logprobs = [_ChoiceLogprobs(shape.logprobs, len(echo or "")) if shape.logprobs else None for _ in range(n)]
     try:
-        if shape.chat:
-            yield sse.event(shape.chunk("", None, first=True))
-        async for out in stream:
+        while True:
+            try:
+                item = await fanout.next()
+            except EngineOverloaded as exc:
+                yield sse.event(error_payload(f"could not start all choices: {exc}"))
+                break
+            if item is None:
+                break
+            i, out = item
+            if not started[i]:
+                started[i] = True
+                if shape.chat:
+                    yield sse.event(shape.chunk(i, "", None, first=True))
+                elif echo:
+                    yield sse.event(shape.chunk(i, echo, None))
             reason = out.finish_reason
             if reason == FinishReason.ERROR:
-                yield sse.event(_error_payload(out.error or "generation failed"))
+                yield sse.event(error_payload(out.error or "generation failed"))
                 break
             if reason == FinishReason.ABORT:
-                yield sse.event(_error_payload("request aborted: the server is shutting down"))
+                yield sse.event(error_payload("request aborted: the server is shutting down"))
                 break
-            if out.text or reason is not None:
-                yield sse.event(shape.chunk(out.text if out.text else None, reason.openai_name if reason is not None else None))
+            lp = logprobs[i].add(out.token_ids, out.logprobs) if logprobs[i] is not None else None
+            if out.text or reason is not None or lp:
+                yield sse.event(shape.chunk(i, out.text if out.text else None,
+                                            reason.openai_name if reason is not None else None, logprobs=lp))
         if include_usage:
-            yield sse.event(shape.usage_chunk(_usage(stream)))
+            yield sse.event(shape.usage_chunk(fanout.usage()))
         yield sse.DONE
     finally:
-        stream.abort()
+        fanout.abort()

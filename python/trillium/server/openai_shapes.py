@@ -1,0 +1,149 @@
+"""OpenAI response objects: chat / completions bodies and chunks, usage, logprobs, and the
+fan-out that reads the ``n`` choices of one request.
+
+``n > 1`` shares the prompt's KV blocks through the prefix cache: choice 0 is submitted
+first, and choices ``1..n-1`` only once its first delta arrived (its prompt's full blocks are
+then cached), so they recompute only the last partial block.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from trillium.protocol import FinishReason
+from trillium.request_stream import RequestStream, StreamOutput
+
+
+class ChoiceFanout:
+    """Reads the ``n`` streams of one request round-robin (each stream's mailbox coalesces,
+    so waiting on one choice delays the others' delivery but never their generation).
+
+    ``open_choice(i)`` submits choice ``i`` and may raise ``EngineOverloaded``. :meth:`abort`
+    is synchronous (safe in ``finally``).
+    """
+
+    def __init__(self, open_choice: Callable[[int], RequestStream], n: int) -> None:
+        self._open = open_choice
+        self.n = n
+        self.streams = [open_choice(0)]
+        self._active = [0]
+        self._cursor = 0
+
+    async def next(self) -> tuple[int, StreamOutput] | None:
+        if not self._active:
+            return None
+        self._cursor %= len(self._active)
+        i = self._active[self._cursor]
+        out = await self.streams[i].__anext__()
+        if i == 0 and len(self.streams) < self.n:
+            if out.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
+                self.n = 1  # no point in starting the siblings
+            else:
+                for j in range(1, self.n):
+                    self.streams.append(self._open(j))
+                    self._active.append(j)
+        if out.finish_reason is not None:
+            self._active.remove(i)
+        else:
+            self._cursor += 1
+        return i, out
+
+    def abort(self) -> None:
+        for stream in self.streams:
+            stream.abort()
+
+    def usage(self) -> dict:
+        first = self.streams[0]
+        p = first.num_prompt_tokens
+        c = sum(s.num_completion_tokens for s in self.streams)
+        details = {"cached_tokens": first.num_cached_tokens}
+        if len(self.streams) > 1:  # not OpenAI's; shows the siblings reused choice 0's blocks
+            details["cached_tokens_per_choice"] = [s.num_cached_tokens for s in self.streams]
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+                "prompt_tokens_details": details}
+
+
+class LogprobsFormatter:
+    """Turns (chosen logprob, top alternatives) per token into OpenAI's two logprobs shapes."""
+
+    def __init__(self, tokenizer, chat: bool) -> None:
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self._text: dict[int, str] = {}
+
+    def token_text(self, token_id: int) -> str:
+        text = self._text.get(token_id)
+        if text is None:
+            text = self._text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def chat_content(self, token_ids: list[int], logprobs) -> list[dict]:
+        out = []
+        for token_id, (logprob, top) in zip(token_ids, logprobs):
+            text = self.token_text(token_id)
+            out.append({
+                "token": text, "logprob": logprob, "bytes": list(text.encode()),
+                "top_logprobs": [{"token": (t := self.token_text(i)), "logprob": lp, "bytes": list(t.encode())}
+                                 for i, lp in top],
+            })
+        return out
+
+    def completion(self, token_ids: list[int], logprobs, text_offset: int) -> dict:
+        """``text_offset`` is where the first of these tokens starts in the choice's text."""
+        tokens, token_logprobs, tops, offsets = [], [], [], []
+        for token_id, (logprob, top) in zip(token_ids, logprobs):
+            text = self.token_text(token_id)
+            tokens.append(text)
+            token_logprobs.append(logprob)
+            tops.append({self.token_text(i): lp for i, lp in top})
+            offsets.append(text_offset)
+            text_offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+class ResponseShape:
+    """Builds OpenAI response objects for one request (chat or legacy completions)."""
+
+    def __init__(self, request_id: str, model: str, chat: bool, logprobs: LogprobsFormatter | None = None) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.chat = chat
+        self.logprobs = logprobs
+        self.created = int(time.time())
+
+    def _envelope(self, object_: str) -> dict:
+        return {"id": self.request_id, "object": object_, "created": self.created, "model": self.model}
+
+    def chunk(self, index: int, text: str | None, finish_reason: str | None, *, first: bool = False,
+              logprobs: dict | list | None = None) -> dict:
+        if self.chat:
+            delta: dict = {}
+            if first:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            lp = {"content": logprobs} if logprobs is not None else None
+            choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
+            return {**self._envelope("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+        return {**self._envelope("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, usage: dict) -> dict:
+        return {**self._envelope("chat.completion.chunk" if self.chat else "text_completion"),
+                "choices": [], "usage": usage}
+
+    def full(self, choices: list[tuple[str, str, dict | list | None]], usage: dict) -> dict:
+        """``choices``: (text, finish_reason, formatted logprobs or None) per index."""
+        if self.chat:
+            body = [{"index": i, "message": {"role": "assistant", "content": text},
+                     "logprobs": {"content": lp} if lp is not None else None, "finish_reason": reason}
+                    for i, (text, reason, lp) in enumerate(choices)]
+            return {**self._envelope("chat.completion"), "choices": body, "usage": usage}
+        body = [{"index": i, "text": text, "logprobs": lp, "finish_reason": reason}
+                for i, (text, reason, lp) in enumerate(choices)]
+        return {**self._envelope("text_completion"), "choices": body, "usage": usage}
+
+
+def error_payload(message: str) -> dict:
+    return {"error": {"message": message, "type": "internal_error", "param": None, "code": "internal_error"}}
