@@ -8,5 +8,6 @@ namespace trillium::bindings {
 void bind_block_allocator(pybind11::module_& m);
 void bind_radix_tree(pybind11::module_& m);
 void bind_kernels(pybind11::module_& m);
+void bind_quant_linear(pybind11::module_& m);
 
 }  // namespace trillium::bindings

@@ -14,4 +14,5 @@ PYBIND11_MODULE(_core, m) {
   trillium::bindings::bind_block_allocator(m);
   trillium::bindings::bind_radix_tree(m);
   trillium::bindings::bind_kernels(m);
+  trillium::bindings::bind_quant_linear(m);
 }

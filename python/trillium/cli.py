@@ -20,6 +20,9 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None, help="context length limit (default: the model's)")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache size in GiB")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    parser.add_argument("--weights", default="auto", choices=["auto", "quantized", "dense"],
+                        help="auto: run a GGUF file's Q4_0/Q4_1/Q8_0 weights with the quantized kernel where this "
+                             "CPU can (fp32, AVX2); dense: dequantize (bit-exact with Hugging Face)")
     parser.add_argument("--no-prefix-cache", dest="enable_prefix_cache", action="store_false",
                         help="disable reuse of cached KV for shared prompt prefixes")
     parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")
@@ -32,6 +35,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         kv_cache_gib=args.kv_cache_gib, block_size=args.block_size, num_threads=args.num_threads,
         served_model_name=getattr(args, "served_model_name", None),
         enable_prefix_cache=args.enable_prefix_cache,
+        weights=args.weights,
     )
 
 

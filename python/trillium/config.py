@@ -45,12 +45,17 @@ class EngineConfig:
     max_model_len: int | None = None  # None = the model's context length
     served_model_name: str | None = None
     enable_prefix_cache: bool = True  # reuse cached KV of shared prompt prefixes
+    # auto: keep a GGUF file's Q4_0/Q4_1/Q8_0 projections quantized where the C++ kernel runs them
+    # (fp32 activations, AVX2 CPU), else dense; quantized: require that; dense: always dequantize.
+    weights: str = "auto"
     num_threads: int | None = None  # torch / OpenMP threads; None = TRILLIUM_NUM_THREADS or all cores
 
     def __post_init__(self) -> None:
         self.dtype = resolve_dtype(self.dtype)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.weights not in ("auto", "quantized", "dense"):
+            raise ValueError(f"weights must be auto, quantized or dense, got {self.weights!r}")
         for name in ("block_size", "max_running", "max_tokens_per_step"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -17,6 +17,7 @@ from trillium import _core
 from trillium.config import EngineConfig
 from trillium.engine.runner import ModelRunner, kv_bytes_per_block
 from trillium.models import ModelConfig, default_model_path, load_model
+from trillium.models.registry import can_run_quantized
 from trillium.protocol import AbortRequest, AddRequest, SamplingParams, TokenDelta, TokenizeRequest
 from trillium.request_stream import RequestStream
 from trillium.runtime import INBOX_BOUND, TOKENIZER_INBOX_BOUND, Actor, Mailbox, open_inbox
@@ -37,6 +38,19 @@ class TokenizeError(ValueError):
     """The prompt could not be rendered or encoded (HTTP 400)."""
 
 
+def _use_quantized_weights(config: EngineConfig, path: str) -> bool:
+    """Resolve ``config.weights`` for this model file and machine (ValueError if ``quantized``
+    was asked for and cannot run here)."""
+    if config.weights == "dense":
+        return False
+    ok, why = can_run_quantized(path, config.torch_dtype)
+    if config.weights == "quantized" and not ok:
+        raise ValueError(f"--weights quantized: {why}")
+    if not ok:
+        log.info("dense weights: %s", why)
+    return ok
+
+
 class Engine:
     """Loads everything (synchronously, at start-up) and owns the actors' inboxes."""
 
@@ -45,8 +59,11 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         path = config.model or default_model_path()
-        log.info("loading model from %s (%s)", path, config.dtype)
-        self.model, self.model_config = load_model(path, dtype=config.torch_dtype, progress=progress)
+        quantized = _use_quantized_weights(config, path)
+        log.info("loading model from %s (%s activations, %s weights)", path, config.dtype,
+                 "quantized" if quantized else "dense")
+        self.model, self.model_config = load_model(path, dtype=config.torch_dtype, progress=progress,
+                                                   quantized=quantized)
         self.tokenizer = load_tokenizer(path)
         self.model_name = config.served_model_name or self.model_config.name
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,

@@ -141,14 +141,44 @@ def iter_weights(
         yield name, torch.from_numpy(np.require(array, requirements=["C", "W"])).to(dtype)
 
 
+def supports_quantized(path: str) -> bool:
+    """Whether every projection of the GGUF file is of a type the quantized kernel takes."""
+    from trillium.models.gguf_quant import SUPPORTED
+
+    gguf = GGUFFile(path)
+    kinds = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    projections = [t for t in gguf.tensors if t.name.endswith(".weight") and t.name.split(".")[-2] in kinds]
+    head = [t for t in gguf.tensors if t.name in ("output.weight", "token_embd.weight")][-1:]
+    return bool(projections) and all(t.qtype in SUPPORTED for t in projections + head)
+
+
 def load_gguf_model(
-    path: str, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu", progress: bool = True
+    path: str,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+    quantized: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Build the model described by a GGUF file and load its (dequantized) weights."""
+    """Build the model described by a GGUF file and load its (dequantized) weights.
+
+    ``quantized``: keep the projections in the file's block quantization (Q4_0/Q4_1/Q8_0) and run
+    them with the C++ block-quantized kernel (fp32 CPU only). Raises ValueError if the file has
+    other types, so callers decide with :func:`supports_quantized` first.
+    """
     gguf = GGUFFile(path)
     config = read_config(gguf)
     model = LlamaForCausalLM.empty(config, dtype, device)
     model.load_weights((n, t.to(device)) for n, t in iter_weights(gguf, config, dtype, progress))
+    if quantized:
+        from trillium.models.gguf_quant import read_quant_weights
+
+        if dtype != torch.float32 or torch.device(device).type != "cpu":
+            raise ValueError("quantized weights run on fp32 CPU activations only")
+        permuted = _ARCHITECTURES[gguf.metadata["general.architecture"]][1]
+        weights = read_quant_weights(gguf, config, permuted)
+        if weights is None:
+            raise ValueError(f"{path}: some projections are not Q4_0/Q4_1/Q8_0; load it dense")
+        model.use_quant_weights(weights)
     freqs = next((t for t in gguf.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
         # Llama-3.1-style files carry per-frequency divisors instead of rope-scaling metadata.

@@ -16,6 +16,7 @@ from torch import nn
 from trillium.models.config import ModelConfig
 from trillium.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
 from trillium.ops.attention import AttentionMetadata, paged_attention, store_kv
+from trillium.ops.quant_linear import QuantWeight, quant_linear
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, Hkv, D]
 
@@ -24,6 +25,19 @@ def _linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype)
     layer = nn.Linear(in_features, out_features, bias=bias, dtype=dtype)
     layer.requires_grad_(False)
     return layer
+
+
+class QuantLinear(nn.Module):
+    """``nn.Linear`` over a block-quantized weight (``ops.quant_linear``; fp32 CPU activations)."""
+
+    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.qweight = weight
+        self.in_features, self.out_features = weight.in_features, weight.out_features
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        return quant_linear(x, self.qweight, self.bias)
 
 
 class LlamaAttention(nn.Module):
@@ -106,6 +120,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = None if config.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, False, dtype)
+        self.quant_head: QuantWeight | None = None  # set by use_quant_weights
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
@@ -136,8 +151,39 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
+        if self.quant_head is not None:
+            return quant_linear(hidden, self.quant_head)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.quant_head is not None
+
+    def use_quant_weights(self, weights: dict[str, QuantWeight]) -> None:
+        """Swap every projection (and the output head) for its block-quantized weight.
+
+        ``weights`` maps module names (``layers.0.self_attn.qkv_proj``, ..., ``lm_head``) to packed
+        weights of the same shapes; the dense matrices they replace are freed. The embedding
+        table stays dense (a lookup reads a few rows). Raises ValueError on a missing name or a
+        shape mismatch, before changing anything.
+        """
+        modules = dict(self.named_modules())
+        targets = [n for n, m in modules.items() if isinstance(m, nn.Linear) and n != "lm_head"]
+        missing = [n for n in [*targets, "lm_head"] if n not in weights]
+        if missing:
+            raise ValueError(f"quantized weights missing for {missing[:3]}")
+        for name in targets:
+            dense, packed = modules[name], weights[name]
+            if (packed.out_features, packed.in_features) != tuple(dense.weight.shape):
+                raise ValueError(f"{name}: quantized weight is {packed.out_features}x{packed.in_features}, "
+                                 f"expected {tuple(dense.weight.shape)}")
+        for name in targets:
+            parent_name, _, leaf = name.rpartition(".")
+            parent = modules[parent_name] if parent_name else self
+            setattr(parent, leaf, QuantLinear(weights[name], modules[name].bias))
+        self.lm_head = None
+        self.quant_head = weights["lm_head"]
 
     def allocate_kv_caches(
         self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"

@@ -33,21 +33,49 @@ def default_model_path() -> str:
 
 
 def load_model(
-    path: str, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu", progress: bool = True
+    path: str,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+    quantized: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Load a ``.gguf`` file or a Hugging Face directory; returns the model in eval mode and its config.
 
-    Raises FileNotFoundError for a missing path and ValueError for an unsupported format or
-    architecture (the message names it).
+    ``quantized`` keeps a GGUF file's Q4_0/Q4_1/Q8_0 projections quantized (see
+    :func:`can_run_quantized`). Raises FileNotFoundError for a missing path and ValueError for an
+    unsupported format or architecture (the message names it).
     """
     if os.path.isdir(path):
         from trillium.models.hf_loader import load_hf_model
 
+        if quantized:
+            raise ValueError("quantized weights need a GGUF file with Q4_0/Q4_1/Q8_0 projections")
         return load_hf_model(path, dtype, device, progress)
     if not os.path.exists(path):
         raise FileNotFoundError(f"model path {path!r} does not exist")
     if path.lower().endswith(".gguf"):
         from trillium.models.gguf_loader import load_gguf_model
 
-        return load_gguf_model(path, dtype, device, progress)
+        return load_gguf_model(path, dtype, device, progress, quantized)
     raise ValueError(f"unsupported model file {path!r}: expected a .gguf file or a Hugging Face directory")
+
+
+def can_run_quantized(path: str, dtype: torch.dtype, device: torch.device | str = "cpu") -> tuple[bool, str]:
+    """Whether ``path`` can be served with quantized weights here, and why not if it cannot.
+
+    Needs a GGUF file whose projections are Q4_0/Q4_1/Q8_0, fp32 activations on the CPU, and a
+    SIMD kernel for this CPU (the portable fallback is exact but slower than dense torch).
+    """
+    from trillium import _core
+
+    if not (os.path.isfile(path) and path.lower().endswith(".gguf")):
+        return False, "not a GGUF file"
+    if dtype != torch.float32 or torch.device(device).type != "cpu":
+        return False, "quantized kernels take fp32 CPU activations"
+    if _core.kernel_isa() == "portable":
+        return False, "no SIMD quantized kernel for this CPU"
+    from trillium.models.gguf_loader import supports_quantized
+
+    if not supports_quantized(path):
+        return False, "projections are not all Q4_0/Q4_1/Q8_0"
+    return True, ""

@@ -1,0 +1,73 @@
+"""Block-quantized linear (``_core.quant_linear``) vs torch's fp32 ``F.linear`` on the dense weight.
+
+The shapes of SmolLM2-135M's projections (4-bit) and its tied output head (8-bit), at the row
+counts of decode batches and of prefill. One JSON line per configuration:
+``op, rows, out_features, in_features, bits, trillium_us, torch_us, speedup, gops``.
+
+    python bench/kernels/quant_linear.py            # full table
+    python bench/kernels/quant_linear.py --quick    # smoke mode (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from trillium import _core
+from trillium.ops.quant_linear import QuantWeight, quant_linear
+
+SHAPES = [  # (name, N, K, bits)
+    ("qkv_proj", 960, 576, 4),
+    ("o_proj", 576, 576, 4),
+    ("gate_up_proj", 3072, 576, 4),
+    ("down_proj", 576, 1536, 4),
+    ("lm_head", 49152, 576, 8),
+]
+
+
+def timeit(fn, min_seconds: float) -> float:
+    fn()
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds and calls >= 3:
+            return elapsed / calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke mode: two shapes, short timings")
+    parser.add_argument("--rows", type=int, nargs="*", default=[1, 16, 32, 256])
+    args = parser.parse_args()
+    shapes = SHAPES[:2] if args.quick else SHAPES
+    rows_list = [1, 16] if args.quick else args.rows
+    min_seconds = 0.02 if args.quick else 0.3
+    gen = torch.Generator().manual_seed(0)
+    print(json.dumps({"kernel_isa": _core.kernel_isa(), "threads": torch.get_num_threads()}))
+    for name, n, k, bits in shapes:
+        low, high = (0, 16) if bits == 4 else (-128, 128)
+        codes = torch.randint(low, high, (n, k), generator=gen).to(torch.int8)
+        scale = torch.rand(n, k // 32, generator=gen) * 0.02
+        mins = torch.rand(n, k // 32, generator=gen) * 0.01
+        weight = QuantWeight.pack(codes, scale, mins, bits)
+        # The dense model's layout: [out, in] seen through a column-major copy (models/llama.py).
+        dense = torch.randn(n, k, generator=gen).t().contiguous().t()
+        for rows in rows_list:
+            x = torch.randn(rows, k, generator=gen)
+            ours = timeit(lambda: quant_linear(x, weight), min_seconds)
+            theirs = timeit(lambda: F.linear(x, dense), min_seconds)
+            print(json.dumps({
+                "op": name, "rows": rows, "out_features": n, "in_features": k, "bits": bits,
+                "trillium_us": round(ours * 1e6, 1), "torch_us": round(theirs * 1e6, 1),
+                "speedup": round(theirs / ours, 2), "gops": round(2 * rows * n * k / ours / 1e9, 1),
+            }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

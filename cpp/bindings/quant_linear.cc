@@ -1,0 +1,85 @@
+// Python binding of the block-quantized linear kernel (trillium/kernels/quant_linear.h).
+//
+// As for the other kernels, tensors arrive as data pointers plus sizes and strides; the typed
+// wrapper python/trillium/ops/quant_linear.py checks dtypes, shapes and contiguity. The matmul
+// releases the GIL.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+
+#include "bindings.h"
+#include "trillium/kernels/quant_linear.h"
+
+namespace py = pybind11;
+
+namespace trillium::bindings {
+namespace {
+
+void check(const Status& st) {
+  if (!st.ok()) throw std::invalid_argument(st.message());
+}
+
+template <typename T>
+T* ptr(std::uintptr_t p) {
+  return reinterpret_cast<T*>(p);
+}
+
+}  // namespace
+
+void bind_quant_linear(py::module_& m) {
+  m.attr("QUANT_BLOCK") = kQuantBlock;
+  m.attr("QUANT_GROUP_COLS") = kQuantGroupCols;
+  m.def(
+      "quant_linear_sizes",
+      [](int64_t out_features, int64_t in_features, int32_t bits) {
+        return py::make_tuple(quant_linear_packed_bytes(out_features, in_features, bits),
+                              quant_linear_scale_count(out_features, in_features));
+      },
+      py::arg("out_features"), py::arg("in_features"), py::arg("bits"),
+      "(packed code bytes, scale count) of an [out_features, in_features] weight.");
+  m.def(
+      "quant_linear_pack",
+      [](std::uintptr_t codes, std::uintptr_t scale, std::uintptr_t min, int64_t out_features, int64_t in_features,
+         int32_t bits, std::uintptr_t packed_codes, std::uintptr_t packed_scales, std::uintptr_t packed_mins) {
+        Status st;
+        {
+          py::gil_scoped_release release;
+          st = quant_linear_pack(ptr<const int8_t>(codes), ptr<const float>(scale), ptr<const float>(min),
+                                 out_features, in_features, bits, ptr<void>(packed_codes), ptr<float>(packed_scales),
+                                 ptr<float>(packed_mins));
+        }
+        check(st);
+      },
+      py::arg("codes"), py::arg("scale"), py::arg("min"), py::arg("out_features"), py::arg("in_features"),
+      py::arg("bits"), py::arg("packed_codes"), py::arg("packed_scales"), py::arg("packed_mins"),
+      "Pack row-major int8 codes [N, K] and fp32 scale/min [N, K/32] (pointers) into the kernel layout.");
+  m.def(
+      "quant_linear",
+      [](std::uintptr_t x, int64_t num_rows, int64_t x_stride, int64_t out_features, int64_t in_features, int32_t bits,
+         std::uintptr_t codes, std::uintptr_t scales, std::uintptr_t mins, std::uintptr_t bias, std::uintptr_t out,
+         int64_t out_stride, int num_threads) {
+        QuantLinearArgs a;
+        a.x = ptr<const float>(x);
+        a.num_rows = num_rows;
+        a.x_stride = x_stride;
+        a.weight = QuantWeightView{out_features, in_features, bits, ptr<const void>(codes), ptr<const float>(scales),
+                                   ptr<const float>(mins)};
+        a.bias = ptr<const float>(bias);
+        a.out = ptr<float>(out);
+        a.out_stride = out_stride;
+        a.num_threads = num_threads;
+        Status st;
+        {
+          py::gil_scoped_release release;
+          st = quant_linear(a);
+        }
+        check(st);
+      },
+      py::arg("x"), py::arg("num_rows"), py::arg("x_stride"), py::arg("out_features"), py::arg("in_features"),
+      py::arg("bits"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("bias"), py::arg("out"),
+      py::arg("out_stride"), py::arg("num_threads") = 0,
+      "out[M, N] = x[M, K] . W^T (+ bias) with a packed block-quantized W; fp32 x and out (pointers).");
+}
+
+}  // namespace trillium::bindings

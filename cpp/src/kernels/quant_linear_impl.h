@@ -1,0 +1,45 @@
+// Internal to quant_linear*.cc: the per-ISA entry points of the block-quantized linear kernel and
+// the activation buffers they share. Every ISA computes bit-identical results: the same int8
+// activation codes, exact int32 block dot products, and the same fp32 fma order per block.
+#pragma once
+
+#include <cstdint>
+
+#include "trillium/kernels/quant_linear.h"
+
+namespace trillium::kernels {
+
+// Activations quantized per row and 32-wide block (see quant_linear.h).
+struct QuantActs {
+  const int8_t* codes = nullptr;       // [M][K]
+  const float* scale = nullptr;        // [M][K/32]  max|x| / 127
+  const float* scaled_sum = nullptr;   // [M][K/32]  scale * sum(codes of the block)
+  int64_t in_features = 0;             // K
+  int64_t blocks = 0;                  // K / 32
+};
+
+// Quantize rows [row_begin, row_end) of x into the buffers (indexed by absolute row).
+using QuantizeRowsFn = void (*)(const float* x, int64_t x_stride, int64_t row_begin, int64_t row_end,
+                                int64_t in_features, int8_t* codes, float* scale, float* scaled_sum);
+// out rows [row_begin, row_end) x output groups [group_begin, group_end) (8 features each).
+using GemmTileFn = void (*)(const QuantActs& acts, const QuantWeightView& w, int64_t row_begin, int64_t row_end,
+                            int64_t group_begin, int64_t group_end, const float* bias, float* out,
+                            int64_t out_stride);
+
+struct QuantLinearKernels {
+  QuantizeRowsFn quantize = nullptr;
+  GemmTileFn gemm = nullptr;
+};
+
+QuantLinearKernels quant_linear_portable_kernels();
+#if defined(__x86_64__)
+QuantLinearKernels quant_linear_avx2_kernels();
+#endif
+
+// Scale of one 32-wide activation block and its reciprocal, computed identically by every ISA.
+inline void quant_block_scale(float amax, float* scale, float* inv_scale) {
+  *scale = amax / 127.0f;
+  *inv_scale = *scale != 0.0f ? 1.0f / *scale : 0.0f;
+}
+
+}  // namespace trillium::kernels

@@ -1,0 +1,189 @@
+// Block-quantized linear layer, AVX2 inner loops (pmaddubsw integer dot products). Only the
+// functions between the target push/pop are compiled for AVX2; headers come first so no AVX2 code
+// leaks into shared inline functions. Called only when the CPU has AVX2 and FMA
+// (quant_linear.cc follows kernel_isa()).
+//
+// One 32-byte load of packed codes covers 8 output features x 4 consecutive k; the 4 activation
+// codes of those k are broadcast to every 32-bit lane, so pmaddubsw + pmaddwd leave in lane c the
+// dot product of feature c. 4-bit codes (<= 15) times int8 activations (|x| <= 127) fit a whole
+// 32-wide block in int16 (8 x 2 x 15 x 127 = 30480); 8-bit codes use llama.cpp's sign trick
+// (|w| x sign(w) x) and widen to int32 after every pmaddubsw.
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/quant_linear_impl.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+
+namespace trillium::kernels {
+namespace {
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+void quantize_rows_avx2(const float* x, int64_t x_stride, int64_t row_begin, int64_t row_end, int64_t K,
+                        int8_t* codes, float* scale, float* scaled_sum) {
+  const int64_t nb = K / kQuantBlock;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + r * x_stride + b * kQuantBlock;
+      const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+      const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+      const __m256 m01 = _mm256_max_ps(_mm256_and_ps(v0, abs_mask), _mm256_and_ps(v1, abs_mask));
+      const __m256 m23 = _mm256_max_ps(_mm256_and_ps(v2, abs_mask), _mm256_and_ps(v3, abs_mask));
+      float d = 0.0f, id = 0.0f;
+      quant_block_scale(hmax(_mm256_max_ps(m01, m23)), &d, &id);
+      const __m256 inv = _mm256_set1_ps(id);
+      // cvtps2dq rounds to nearest even (the default MXCSR mode), like nearbyint in the portable path.
+      const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, inv));
+      const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, inv));
+      const int32_t sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+      // |x * inv| <= 127 (+ rounding), so the saturating packs never clip.
+      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + r * K + b * kQuantBlock),
+                          _mm256_permutevar8x32_epi32(packed, order));
+      scale[r * nb + b] = d;
+      scaled_sum[r * nb + b] = d * static_cast<float>(sum);
+    }
+  }
+}
+
+// Dot products of one block (32 k) for MR rows against one group of 8 features, as int32 lanes.
+template <int MR, int BITS>
+inline void block_dots(const uint8_t* wb, const int8_t* const* xb, __m256i* dots) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (BITS == 4) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i acc16[MR];
+    for (int r = 0; r < MR; ++r) acc16[r] = _mm256_setzero_si256();
+    for (int p = 0; p < 4; ++p) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + p * 32));
+      const __m256i lo = _mm256_and_si256(v, low);                         // k-quad p
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);  // k-quad p + 4
+      for (int r = 0; r < MR; ++r) {
+        const __m256i alo = _mm256_set1_epi32(load_i32(xb[r] + p * 4));
+        const __m256i ahi = _mm256_set1_epi32(load_i32(xb[r] + (p + 4) * 4));
+        acc16[r] = _mm256_add_epi16(acc16[r], _mm256_maddubs_epi16(lo, alo));
+        acc16[r] = _mm256_add_epi16(acc16[r], _mm256_maddubs_epi16(hi, ahi));
+      }
+    }
+    for (int r = 0; r < MR; ++r) dots[r] = _mm256_madd_epi16(acc16[r], ones);
+  } else {
+    for (int r = 0; r < MR; ++r) dots[r] = _mm256_setzero_si256();
+    for (int q = 0; q < 8; ++q) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + q * 32));
+      const __m256i av = _mm256_abs_epi8(v);  // -128 stays 0x80 = 128 as unsigned: still right
+      for (int r = 0; r < MR; ++r) {
+        const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xb[r] + q * 4)), v);
+        dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(_mm256_maddubs_epi16(av, x), ones));
+      }
+    }
+  }
+}
+
+template <int MR, int BITS>
+void tile(const QuantActs& a, const QuantWeightView& w, int64_t r0, int64_t g, const float* bias, float* out,
+          int64_t out_stride) {
+  const int64_t nb = a.blocks, K = a.in_features;
+  constexpr int64_t kBlockBytes = kQuantBlock * kQuantGroupCols * BITS / 8;
+  const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes) + g * nb * kBlockBytes;
+  const float* wscale = w.scales + g * nb * kQuantGroupCols;
+  const float* wmin = w.mins + g * nb * kQuantGroupCols;
+  __m256 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* xb[MR];
+    for (int r = 0; r < MR; ++r) xb[r] = a.codes + (r0 + r) * K + b * kQuantBlock;
+    __m256i dots[MR];
+    block_dots<MR, BITS>(wcodes + b * kBlockBytes, xb, dots);
+    const __m256 dw = _mm256_loadu_ps(wscale + b * kQuantGroupCols);
+    const __m256 mw = _mm256_loadu_ps(wmin + b * kQuantGroupCols);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 sx = _mm256_set1_ps(a.scale[(r0 + r) * nb + b]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r]), _mm256_mul_ps(dw, sx), acc[r]);
+      acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.scaled_sum[(r0 + r) * nb + b]), acc[r]);
+    }
+  }
+  const int64_t n0 = g * kQuantGroupCols;
+  const int64_t cols = w.out_features - n0 < kQuantGroupCols ? w.out_features - n0 : kQuantGroupCols;
+  for (int r = 0; r < MR; ++r) {
+    float* dst = out + (r0 + r) * out_stride + n0;
+    if (cols == kQuantGroupCols) {
+      __m256 v = acc[r];
+      if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0));
+      _mm256_storeu_ps(dst, v);
+    } else {
+      alignas(32) float tmp[kQuantGroupCols];
+      _mm256_store_ps(tmp, acc[r]);
+      for (int64_t c = 0; c < cols; ++c) dst[c] = bias ? tmp[c] + bias[n0 + c] : tmp[c];
+    }
+  }
+}
+
+template <int BITS>
+void gemm_bits(const QuantActs& a, const QuantWeightView& w, int64_t row_begin, int64_t row_end, int64_t group_begin,
+               int64_t group_end, const float* bias, float* out, int64_t out_stride) {
+  for (int64_t g = group_begin; g < group_end; ++g) {
+    int64_t r = row_begin;
+    for (; r + 4 <= row_end; r += 4) tile<4, BITS>(a, w, r, g, bias, out, out_stride);
+    switch (row_end - r) {
+      case 3: tile<3, BITS>(a, w, r, g, bias, out, out_stride); break;
+      case 2: tile<2, BITS>(a, w, r, g, bias, out, out_stride); break;
+      case 1: tile<1, BITS>(a, w, r, g, bias, out, out_stride); break;
+      default: break;
+    }
+  }
+}
+
+void gemm_avx2(const QuantActs& a, const QuantWeightView& w, int64_t row_begin, int64_t row_end, int64_t group_begin,
+               int64_t group_end, const float* bias, float* out, int64_t out_stride) {
+  if (w.bits == 4) {
+    gemm_bits<4>(a, w, row_begin, row_end, group_begin, group_end, bias, out, out_stride);
+  } else {
+    gemm_bits<8>(a, w, row_begin, row_end, group_begin, group_end, bias, out, out_stride);
+  }
+}
+
+}  // namespace
+}  // namespace trillium::kernels
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+namespace trillium::kernels {
+QuantLinearKernels quant_linear_avx2_kernels() { return {quantize_rows_avx2, gemm_avx2}; }
+}  // namespace trillium::kernels
+
+#endif  // x86-64

@@ -1,0 +1,107 @@
+// trillium::quant_linear from C++ (no Python): pack random 4- and 8-bit codes, run the kernel on
+// every ISA this CPU has, and compare with a naive double loop doing the same activation rounding.
+// Plain ctest executable.
+#include "trillium/kernels/quant_linear.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "check.h"
+#include "trillium/kernels/paged_attention.h"  // set_kernel_isa
+
+namespace {
+
+// Naive oracle: the kernel's activation rounding (per row and 32-block, nearest-even) in double.
+std::vector<double> naive(const std::vector<float>& x, int64_t M, int64_t K, const std::vector<int8_t>& codes,
+                          const std::vector<float>& scale, const std::vector<float>& mins, int64_t N) {
+  const int64_t nb = K / 32;
+  std::vector<double> out(static_cast<size_t>(M * N), 0.0);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < nb; ++b) {
+      float amax = 0.0f;
+      for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[m * K + b * 32 + i]));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      int32_t q[32];
+      for (int64_t i = 0; i < 32; ++i) q[i] = static_cast<int32_t>(std::nearbyint(x[m * K + b * 32 + i] * id));
+      for (int64_t n = 0; n < N; ++n) {
+        double dot = 0.0, sum = 0.0;
+        for (int64_t i = 0; i < 32; ++i) {
+          dot += static_cast<double>(codes[n * K + b * 32 + i]) * q[i];
+          sum += q[i];
+        }
+        out[m * N + n] += dot * d * scale[n * nb + b] + mins[n * nb + b] * d * sum;
+      }
+    }
+  }
+  return out;
+}
+
+void run(int32_t bits, int64_t M, int64_t N, int64_t K, std::mt19937& rng) {
+  const int64_t nb = K / 32;
+  std::uniform_int_distribution<int> code(bits == 4 ? 0 : -128, bits == 4 ? 15 : 127);
+  std::uniform_real_distribution<float> uni(0.001f, 0.02f);
+  std::normal_distribution<float> normal;
+  std::vector<int8_t> codes(static_cast<size_t>(N * K));
+  for (auto& c : codes) c = static_cast<int8_t>(code(rng));
+  std::vector<float> scale(static_cast<size_t>(N * nb)), mins(scale.size()), x(static_cast<size_t>(M * K));
+  for (auto& s : scale) s = uni(rng);
+  for (auto& v : mins) v = normal(rng) * 0.05f;
+  for (auto& v : x) v = normal(rng);
+
+  std::vector<uint8_t> packed(static_cast<size_t>(trillium::quant_linear_packed_bytes(N, K, bits)));
+  std::vector<float> ps(static_cast<size_t>(trillium::quant_linear_scale_count(N, K))), pm(ps.size());
+  CHECK_OK(trillium::quant_linear_pack(codes.data(), scale.data(), mins.data(), N, K, bits, packed.data(), ps.data(),
+                                       pm.data()));
+  const std::vector<double> ref = naive(x, M, K, codes, scale, mins, N);
+  double ref_max = 0.0;
+  for (double v : ref) ref_max = std::max(ref_max, std::fabs(v));
+
+  for (auto isa : {trillium::KernelIsa::kPortable, trillium::KernelIsa::kAvx2, trillium::KernelIsa::kAvx512}) {
+    if (!trillium::kernel_isa_supported(isa)) continue;
+    CHECK_OK(trillium::set_kernel_isa(isa));
+    std::vector<float> out(static_cast<size_t>(M * N), -1e30f);
+    trillium::QuantLinearArgs a;
+    a.x = x.data();
+    a.num_rows = M;
+    a.x_stride = K;
+    a.weight = {N, K, bits, packed.data(), ps.data(), pm.data()};
+    a.out = out.data();
+    a.out_stride = N;
+    CHECK_OK(trillium::quant_linear(a));
+    double worst = 0.0;
+    for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - ref[i]));
+    CHECK(worst <= 1e-5 * ref_max + 1e-6);
+  }
+}
+
+void test_bad_arguments() {
+  trillium::QuantLinearArgs a;
+  a.num_rows = 1;
+  CHECK(trillium::quant_linear(a).code() == trillium::StatusCode::kInvalidArgument);  // bits 0, null weight
+  int8_t codes[32] = {};
+  codes[5] = 16;  // not a 4-bit code
+  float s = 1.0f, m = 0.0f, ps[8], pm[8];
+  uint8_t packed[128];
+  CHECK(trillium::quant_linear_pack(codes, &s, &m, 1, 32, 4, packed, ps, pm).code() ==
+        trillium::StatusCode::kInvalidArgument);
+  CHECK(trillium::quant_linear_pack(codes, &s, &m, 1, 33, 8, packed, ps, pm).code() ==
+        trillium::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(std::random_device{}());
+  const trillium::KernelIsa best = trillium::kernel_isa();
+  for (int32_t bits : {4, 8}) {
+    run(bits, 1, 8, 32, rng);
+    run(bits, 5, 19, 96, rng);
+    run(bits, 67, 40, 256, rng);
+  }
+  CHECK_OK(trillium::set_kernel_isa(best));
+  test_bad_arguments();
+  return trillium::test::test_exit_code();
+}

@@ -1,0 +1,121 @@
+"""The block-quantized linear kernel (``_core.quant_linear``) against its float64 oracle.
+
+Fresh random codes, scales, mins and activations every run, every ISA this CPU runs. The kernel
+quantizes activations to int8 per 32-block; ``reference_quant_linear`` does the same in torch and
+float64, so the two agree to fp32 rounding. Against a dense fp32 matmul over the dequantized
+weights the difference is that activation rounding only (loose bound: catches layout bugs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as QT
+from gguf.quants import dequantize, quantize
+
+from trillium import _core
+from trillium.models.gguf_quant import block_codes_from_raw
+from trillium.ops.quant_linear import QuantWeight, dequantize_blocks, quant_linear, reference_quant_linear
+
+ISAS = _core.supported_kernel_isas()
+
+
+@pytest.fixture(autouse=True)
+def restore_isa():
+    before = _core.kernel_isa()
+    yield
+    _core.set_kernel_isa(before)
+
+
+def random_weight(n: int, k: int, bits: int, gen: torch.Generator):
+    if bits == 4:
+        codes = torch.randint(0, 16, (n, k), dtype=torch.int8, generator=gen)
+    else:
+        codes = torch.randint(-128, 128, (n, k), generator=gen).to(torch.int8)
+    scale = torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3
+    mins = (torch.rand(n, k // 32, generator=gen) - 0.5) * 0.1
+    return codes, scale, mins
+
+
+SHAPES = [(1, 8, 32), (1, 13, 64), (3, 576, 576), (4, 20, 96), (7, 960, 576), (33, 100, 1536), (70, 24, 64)]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_reference(isa, bits, shape):
+    m, n, k = shape
+    gen = torch.Generator().manual_seed(hash((isa, bits, shape)) % 2**31 + np.random.randint(1 << 20))
+    codes, scale, mins = random_weight(n, k, bits, gen)
+    weight = QuantWeight.pack(codes, scale, mins, bits)
+    x = torch.randn(m, k, generator=gen) * 3
+    x[0, :5] = 0.0  # a partly zero block
+    if k >= 64:
+        x[-1, 32:64] = 0.0  # an all-zero block: scale 0, no division by zero
+    bias = torch.randn(n, generator=gen)
+    _core.set_kernel_isa(isa)
+    out = quant_linear(x, weight, bias)
+    ref = reference_quant_linear(x, codes, scale, mins, bias)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    dense = x.double() @ dequantize_blocks(codes, scale, mins).double().T + bias.double()
+    assert ((out.double() - dense).abs().max() / dense.abs().max()).item() < 3e-2
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_every_isa_gives_identical_bits(bits):
+    gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
+    codes, scale, mins = random_weight(40, 256, bits, gen)
+    weight = QuantWeight.pack(codes, scale, mins, bits)
+    x = torch.randn(9, 256, generator=gen)
+    results = []
+    for isa in ISAS:
+        _core.set_kernel_isa(isa)
+        results.append(quant_linear(x, weight))
+    for other in results[1:]:
+        assert torch.equal(results[0], other)
+
+
+def test_strided_rows_out_buffer_and_leading_dims():
+    gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
+    codes, scale, mins = random_weight(24, 64, 4, gen)
+    weight = QuantWeight.pack(codes, scale, mins, 4)
+    wide = torch.randn(6, 100, generator=gen)
+    x = wide[:, 10:74]  # row stride 100, not contiguous
+    out = torch.full((6, 24), float("nan"))
+    quant_linear(x, weight, out=out)
+    torch.testing.assert_close(out.double(), reference_quant_linear(x.contiguous(), codes, scale, mins), rtol=1e-5, atol=1e-4)
+    batched = quant_linear(x.reshape(2, 3, 64), weight)
+    assert batched.shape == (2, 3, 24)
+    torch.testing.assert_close(batched.reshape(6, 24), out)
+    assert quant_linear(torch.empty(0, 64), weight).shape == (0, 24)
+
+
+def test_bad_input_is_rejected():
+    codes = torch.zeros(8, 32, dtype=torch.int8)
+    scale = torch.ones(8, 1)
+    with pytest.raises(ValueError, match="bits"):
+        QuantWeight.pack(codes, scale, scale, 5)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        QuantWeight.pack(torch.zeros(8, 48, dtype=torch.int8), torch.ones(8, 1), torch.ones(8, 1), 4)
+    bad = codes.clone()
+    bad[3, 7] = 16
+    with pytest.raises(ValueError, match=r"\[0, 15\]"):
+        QuantWeight.pack(bad, scale, scale, 4)
+    weight = QuantWeight.pack(codes, scale, scale, 4)
+    with pytest.raises(ValueError, match="features"):
+        quant_linear(torch.randn(2, 64), weight)
+    with pytest.raises(ValueError, match="fp32"):
+        quant_linear(torch.randn(2, 32, dtype=torch.bfloat16), weight)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0], ids=lambda t: t.name)
+def test_gguf_blocks_decode_exactly(qtype):
+    """Codes read from GGUF blocks stand for exactly what gguf's own dequantize returns."""
+    x = np.random.randn(16, 128).astype(np.float32)
+    raw = quantize(x, qtype)
+    codes, scale, mins, bits = block_codes_from_raw(raw, qtype, 16, 128)
+    assert bits == (8 if qtype == QT.Q8_0 else 4)
+    ours = dequantize_blocks(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(mins))
+    theirs = torch.from_numpy(dequantize(raw, qtype).reshape(16, 128))
+    assert torch.equal(ours, theirs)
