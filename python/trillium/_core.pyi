@@ -159,3 +159,22 @@ def supported_kernel_isas() -> list[str]:
 
 def set_kernel_isa(name: str) -> None:
     """Force one instruction set (tests, benchmarks); ValueError if unsupported. Process-wide."""
+
+# Block-quantized linear (cpp/include/trillium/kernels/quant_linear.h); typed wrapper: trillium.ops.quant_linear.
+QUANT_BLOCK: int
+QUANT_GROUP_COLS: int
+
+def quant_linear_sizes(out_features: int, in_features: int, bits: int) -> tuple[int, int]:
+    """(packed code bytes, scale count) of an [out_features, in_features] weight."""
+
+def quant_linear_pack(
+    codes: int, scale: int, min: int, out_features: int, in_features: int, bits: int,
+    packed_codes: int, packed_scales: int, packed_mins: int,
+) -> None:
+    """Pack row-major int8 codes [N, K] and fp32 scale/min [N, K/32] (pointers) into the kernel layout."""
+
+def quant_linear(
+    x: int, num_rows: int, x_stride: int, out_features: int, in_features: int, bits: int,
+    codes: int, scales: int, mins: int, bias: int, out: int, out_stride: int, num_threads: int = 0,
+) -> None:
+    """out[M, N] = x[M, K] . W^T (+ bias) with a packed block-quantized W; fp32 x and out (pointers)."""
