@@ -15,4 +15,5 @@ PYBIND11_MODULE(_core, m) {
   trillium::bindings::bind_radix_tree(m);
   trillium::bindings::bind_kernels(m);
   trillium::bindings::bind_quant_linear(m);
+  trillium::bindings::bind_layer_ops(m);
 }

@@ -58,7 +58,7 @@ void bind_quant_linear(py::module_& m) {
       "quant_linear",
       [](std::uintptr_t x, int64_t num_rows, int64_t x_stride, int64_t out_features, int64_t in_features, int32_t bits,
          std::uintptr_t codes, std::uintptr_t scales, std::uintptr_t mins, std::uintptr_t bias, std::uintptr_t out,
-         int64_t out_stride, int num_threads) {
+         int64_t out_stride, int num_threads, bool int8_activations) {
         QuantLinearArgs a;
         a.x = ptr<const float>(x);
         a.num_rows = num_rows;
@@ -69,6 +69,7 @@ void bind_quant_linear(py::module_& m) {
         a.out = ptr<float>(out);
         a.out_stride = out_stride;
         a.num_threads = num_threads;
+        a.int8_activations = int8_activations;
         Status st;
         {
           py::gil_scoped_release release;
@@ -78,8 +79,9 @@ void bind_quant_linear(py::module_& m) {
       },
       py::arg("x"), py::arg("num_rows"), py::arg("x_stride"), py::arg("out_features"), py::arg("in_features"),
       py::arg("bits"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("bias"), py::arg("out"),
-      py::arg("out_stride"), py::arg("num_threads") = 0,
-      "out[M, N] = x[M, K] . W^T (+ bias) with a packed block-quantized W; fp32 x and out (pointers).");
+      py::arg("out_stride"), py::arg("num_threads") = 0, py::arg("int8_activations") = false,
+      "out[M, N] = x[M, K] . W^T (+ bias) with a packed block-quantized W; fp32 x and out (pointers). "
+      "int8_activations: round x to int8 per 32-block (faster, approximate) instead of exact fp32.");
 }
 
 }  // namespace trillium::bindings

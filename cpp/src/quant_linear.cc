@@ -89,6 +89,30 @@ void gemm_portable(const QuantActs& a, const QuantWeightView& w, int64_t row_beg
   }
 }
 
+// The exact path, in the same fma order as the SIMD panels: w = fma(code, scale, min), then
+// acc = fma(w, x, acc) along k.
+void gemm_f32_portable(const float* x, int64_t x_stride, const QuantWeightView& w, int64_t row_begin,
+                       int64_t row_end, int64_t group_begin, int64_t group_end, const float* bias, float* out,
+                       int64_t out_stride, float* col) {
+  const int64_t nb = w.in_features / kQuantBlock, K = w.in_features, N = w.out_features;
+  for (int64_t g = group_begin; g < group_end; ++g) {
+    for (int64_t c = 0; c < kQuantGroupCols; ++c) {
+      const int64_t n = g * kQuantGroupCols + c;
+      if (n >= N) break;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t at = (g * nb + k / kQuantBlock) * kQuantGroupCols + c;
+        col[k] = std::fma(static_cast<float>(packed_code(w, g, c, k)), w.scales[at], w.mins[at]);
+      }
+      for (int64_t r = row_begin; r < row_end; ++r) {
+        const float* xr = x + r * x_stride;
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; ++k) acc = std::fma(col[k], xr[k], acc);
+        out[r * out_stride + n] = bias ? acc + bias[n] : acc;
+      }
+    }
+  }
+}
+
 const QuantLinearKernels& active_kernels() {
   static const QuantLinearKernels portable = kernels::quant_linear_portable_kernels();
 #if defined(__x86_64__)
@@ -101,7 +125,9 @@ const QuantLinearKernels& active_kernels() {
 }  // namespace
 
 namespace kernels {
-QuantLinearKernels quant_linear_portable_kernels() { return {quantize_rows_portable, gemm_portable}; }
+QuantLinearKernels quant_linear_portable_kernels() {
+  return {quantize_rows_portable, gemm_portable, gemm_f32_portable};
+}
 }  // namespace kernels
 
 // --------------------------------------------------------------------------------------- sizes
@@ -172,9 +198,6 @@ Status quant_linear(const QuantLinearArgs& a) {
     return bad("x_stride must be >= in_features and out_stride >= out_features");
   }
   const int64_t M = a.num_rows, K = w.in_features, nb = K / kQuantBlock;
-  std::vector<int8_t> codes(static_cast<size_t>(M * K));
-  std::vector<float> scale(static_cast<size_t>(M * nb)), scaled_sum(static_cast<size_t>(M * nb));
-  const QuantActs acts{codes.data(), scale.data(), scaled_sum.data(), K, nb};
   const QuantLinearKernels& k = active_kernels();
   const int64_t groups = quant_linear_groups(w.out_features);
   const int64_t row_chunks = (M + kRowChunk - 1) / kRowChunk;
@@ -182,6 +205,25 @@ Status quant_linear(const QuantLinearArgs& a) {
   const int64_t items = row_chunks * group_items;
 #if defined(_OPENMP)
   const int threads = a.num_threads > 0 ? a.num_threads : omp_get_max_threads();
+#endif
+  if (!a.int8_activations) {
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) num_threads(threads)
+#endif
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t chunk = item / group_items, gi = item % group_items;
+      const int64_t r0 = chunk * kRowChunk, r1 = std::min(M, r0 + kRowChunk);
+      const int64_t g0 = gi * kGroupsPerItem, g1 = std::min(groups, g0 + kGroupsPerItem);
+      thread_local std::vector<float> panel;  // per OpenMP thread, reused across calls
+      if (panel.size() < static_cast<size_t>(K * 16)) panel.resize(static_cast<size_t>(K * 16));
+      k.gemm_f32(a.x, a.x_stride, w, r0, r1, g0, g1, a.bias, a.out, a.out_stride, panel.data());
+    }
+    return Status::Ok();
+  }
+  std::vector<int8_t> codes(static_cast<size_t>(M * K));
+  std::vector<float> scale(static_cast<size_t>(M * nb)), scaled_sum(static_cast<size_t>(M * nb));
+  const QuantActs acts{codes.data(), scale.data(), scaled_sum.data(), K, nb};
+#if defined(_OPENMP)
 #pragma omp parallel num_threads(threads)
 #endif
   {

@@ -173,6 +173,207 @@ void gemm_avx2(const QuantActs& a, const QuantWeightView& w, int64_t row_begin, 
   }
 }
 
+// ------------------------------------------------------------------ exact path (fp32 activations)
+// Dequantize group g's codes for all of K into panel[k * stride + offset .. + 8] (fp32):
+// w = fma(code, scale, min), the same fma as the portable path.
+template <int BITS>
+void dequant_panel(const QuantWeightView& w, int64_t g, float* panel, int64_t stride, int64_t offset) {
+  const int64_t nb = w.in_features / kQuantBlock;
+  constexpr int64_t kBlockBytes = kQuantBlock * kQuantGroupCols * BITS / 8;
+  const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + g * nb * kBlockBytes;
+  const __m256i byte = _mm256_set1_epi32(0xFF);
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256 d = _mm256_loadu_ps(w.scales + (g * nb + b) * kQuantGroupCols);
+    const __m256 m = _mm256_loadu_ps(w.mins + (g * nb + b) * kQuantGroupCols);
+    float* dst = panel + b * kQuantBlock * stride + offset;
+    // Lane c of a 32-byte load = the 4 codes (k .. k+3) of column c; byte j is k + j.
+    auto emit = [&](__m256i quad, int64_t quad_index) {
+      for (int j = 0; j < 4; ++j) {
+        __m256i q = _mm256_and_si256(_mm256_srli_epi32(quad, 8 * j), byte);
+        if constexpr (BITS == 8) q = _mm256_srai_epi32(_mm256_slli_epi32(q, 24), 24);  // sign-extend int8
+        const __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m);
+        _mm256_storeu_ps(dst + (quad_index * 4 + j) * stride, wv);
+      }
+    };
+    const uint8_t* wb = codes + b * kBlockBytes;
+    if constexpr (BITS == 8) {
+      for (int q = 0; q < 8; ++q) emit(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + q * 32)), q);
+    } else {
+      const __m256i low = _mm256_set1_epi8(0x0F);
+      for (int p = 0; p < 4; ++p) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + p * 32));
+        emit(_mm256_and_si256(v, low), p);
+        emit(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), p + 4);
+      }
+    }
+  }
+}
+
+// MR rows x NG groups (8 features each) over all of K from the panel; fma order along k as the
+// portable path: acc = fma(w, x, acc).
+template <int MR, int NG>
+void panel_tile(const float* x, int64_t x_stride, const float* panel, int64_t K, int64_t r0, int64_t n0, int64_t N,
+                const float* bias, float* out, int64_t out_stride) {
+  // Flat accumulator array and a separate epilogue buffer: with acc[MR][NG] GCC kept every
+  // accumulator in memory too and stored all of them on each k (3x slower).
+  __m256 acc[MR * NG];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR * NG; ++i) acc[i] = _mm256_setzero_ps();
+  const float* xr = x + r0 * x_stride;
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(panel + k * (NG * 8));
+    const __m256 w1 = NG == 2 ? _mm256_loadu_ps(panel + k * (NG * 8) + 8) : w0;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m256 xv = _mm256_broadcast_ss(xr + r * x_stride + k);
+      acc[r * NG] = _mm256_fmadd_ps(w0, xv, acc[r * NG]);
+      if (NG == 2) acc[r * NG + 1] = _mm256_fmadd_ps(w1, xv, acc[r * NG + 1]);
+    }
+  }
+  alignas(32) float result[MR * NG * 8];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR * NG; ++i) _mm256_store_ps(result + i * 8, acc[i]);
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < NG; ++j) {
+      const int64_t n = n0 + j * 8;
+      const int64_t cols = N - n < 8 ? N - n : 8;
+      const float* src = result + (r * NG + j) * 8;
+      float* dst = out + (r0 + r) * out_stride + n;
+      for (int64_t c = 0; c < cols; ++c) dst[c] = bias ? src[c] + bias[n + c] : src[c];
+    }
+  }
+}
+
+template <int NG>
+void panel_rows(const float* x, int64_t x_stride, const float* panel, int64_t K, int64_t row_begin, int64_t row_end,
+                int64_t n0, int64_t N, const float* bias, float* out, int64_t out_stride) {
+  int64_t r = row_begin;
+  for (; r + 6 <= row_end; r += 6) panel_tile<6, NG>(x, x_stride, panel, K, r, n0, N, bias, out, out_stride);
+  switch (row_end - r) {
+    case 5: panel_tile<5, NG>(x, x_stride, panel, K, r, n0, N, bias, out, out_stride); break;
+    case 4: panel_tile<4, NG>(x, x_stride, panel, K, r, n0, N, bias, out, out_stride); break;
+    case 3: panel_tile<3, NG>(x, x_stride, panel, K, r, n0, N, bias, out, out_stride); break;
+    case 2: panel_tile<2, NG>(x, x_stride, panel, K, r, n0, N, bias, out, out_stride); break;
+    case 1: panel_tile<1, NG>(x, x_stride, panel, K, r, n0, N, bias, out, out_stride); break;
+    default: break;
+  }
+}
+
+// Few rows (decode of one to three requests): dequantize straight into registers instead of a
+// panel. Same w = fma(code, scale, min) and the same fma order along k as panel_tile, so a row's
+// result does not depend on how many rows came with it.
+template <int MR, int NG, int BITS>
+void direct_tile(const float* x, int64_t x_stride, const QuantWeightView& w, int64_t r0, int64_t g0,
+                 const float* bias, float* out, int64_t out_stride) {
+  const int64_t nb = w.in_features / kQuantBlock;
+  constexpr int64_t kBlockBytes = kQuantBlock * kQuantGroupCols * BITS / 8;
+  const uint8_t* codes = static_cast<const uint8_t*>(w.codes);
+  const __m256i byte = _mm256_set1_epi32(0xFF), low = _mm256_set1_epi8(0x0F);
+  __m256 acc[MR * NG];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR * NG; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256 d[NG], m[NG];
+    const uint8_t* wb[NG];
+#pragma GCC unroll 4
+    for (int jg = 0; jg < NG; ++jg) {
+      d[jg] = _mm256_loadu_ps(w.scales + ((g0 + jg) * nb + b) * kQuantGroupCols);
+      m[jg] = _mm256_loadu_ps(w.mins + ((g0 + jg) * nb + b) * kQuantGroupCols);
+      wb[jg] = codes + ((g0 + jg) * nb + b) * kBlockBytes;
+    }
+#pragma GCC unroll 8
+    for (int quad = 0; quad < 8; ++quad) {
+      __m256i src[NG];
+#pragma GCC unroll 4
+      for (int jg = 0; jg < NG; ++jg) {
+        if constexpr (BITS == 8) {
+          src[jg] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[jg] + quad * 32));
+        } else {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[jg] + (quad & 3) * 32));
+          src[jg] = quad < 4 ? _mm256_and_si256(v, low) : _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const int64_t k = b * kQuantBlock + quad * 4 + j;
+        __m256 wv[NG];
+#pragma GCC unroll 4
+        for (int jg = 0; jg < NG; ++jg) {
+          __m256i q = _mm256_and_si256(_mm256_srli_epi32(src[jg], 8 * j), byte);
+          if constexpr (BITS == 8) q = _mm256_srai_epi32(_mm256_slli_epi32(q, 24), 24);
+          wv[jg] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d[jg], m[jg]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+          const __m256 xv = _mm256_broadcast_ss(x + (r0 + r) * x_stride + k);
+#pragma GCC unroll 4
+          for (int jg = 0; jg < NG; ++jg) acc[r * NG + jg] = _mm256_fmadd_ps(wv[jg], xv, acc[r * NG + jg]);
+        }
+      }
+    }
+  }
+  alignas(32) float result[MR * NG * 8];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR * NG; ++i) _mm256_store_ps(result + i * 8, acc[i]);
+  for (int r = 0; r < MR; ++r) {
+    for (int jg = 0; jg < NG; ++jg) {
+      const int64_t n = (g0 + jg) * kQuantGroupCols;
+      const int64_t cols = w.out_features - n < 8 ? w.out_features - n : 8;
+      const float* src = result + (r * NG + jg) * 8;
+      float* dst = out + (r0 + r) * out_stride + n;
+      for (int64_t c = 0; c < cols; ++c) dst[c] = bias ? src[c] + bias[n + c] : src[c];
+    }
+  }
+}
+
+template <int MR, int BITS>
+void direct_rows(const float* x, int64_t x_stride, const QuantWeightView& w, int64_t r0, int64_t group_begin,
+                 int64_t group_end, const float* bias, float* out, int64_t out_stride) {
+  int64_t g = group_begin;
+  for (; g + 2 <= group_end; g += 2) direct_tile<MR, 2, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
+  if (g < group_end) direct_tile<MR, 1, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
+}
+
+template <int BITS>
+void direct_gemm(const float* x, int64_t x_stride, const QuantWeightView& w, int64_t row_begin, int64_t rows,
+                 int64_t group_begin, int64_t group_end, const float* bias, float* out, int64_t out_stride) {
+  switch (rows) {
+    case 1: direct_rows<1, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
+    case 2: direct_rows<2, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
+    default: direct_rows<3, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
+  }
+}
+
+void gemm_f32_avx2(const float* x, int64_t x_stride, const QuantWeightView& w, int64_t row_begin, int64_t row_end,
+                   int64_t group_begin, int64_t group_end, const float* bias, float* out, int64_t out_stride,
+                   float* panel) {
+  const int64_t K = w.in_features;
+  if (row_end - row_begin <= 3) {
+    if (w.bits == 4) {
+      direct_gemm<4>(x, x_stride, w, row_begin, row_end - row_begin, group_begin, group_end, bias, out, out_stride);
+    } else {
+      direct_gemm<8>(x, x_stride, w, row_begin, row_end - row_begin, group_begin, group_end, bias, out, out_stride);
+    }
+    return;
+  }
+  // Two groups (16 features) per panel: the 12 accumulators of a 6 x 16 tile keep both FMA pipes busy.
+  for (int64_t g = group_begin; g < group_end; g += 2) {
+    const int ng = g + 1 < group_end ? 2 : 1;
+    for (int j = 0; j < ng; ++j) {
+      if (w.bits == 4) {
+        dequant_panel<4>(w, g + j, panel, ng * 8, j * 8);
+      } else {
+        dequant_panel<8>(w, g + j, panel, ng * 8, j * 8);
+      }
+    }
+    if (ng == 2) {
+      panel_rows<2>(x, x_stride, panel, K, row_begin, row_end, g * 8, w.out_features, bias, out, out_stride);
+    } else {
+      panel_rows<1>(x, x_stride, panel, K, row_begin, row_end, g * 8, w.out_features, bias, out, out_stride);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace trillium::kernels
 
@@ -183,7 +384,7 @@ void gemm_avx2(const QuantActs& a, const QuantWeightView& w, int64_t row_begin, 
 #endif
 
 namespace trillium::kernels {
-QuantLinearKernels quant_linear_avx2_kernels() { return {quantize_rows_avx2, gemm_avx2}; }
+QuantLinearKernels quant_linear_avx2_kernels() { return {quantize_rows_avx2, gemm_avx2, gemm_f32_avx2}; }
 }  // namespace trillium::kernels
 
 #endif  // x86-64

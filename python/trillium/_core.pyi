@@ -178,3 +178,19 @@ def quant_linear(
     codes: int, scales: int, mins: int, bias: int, out: int, out_stride: int, num_threads: int = 0,
 ) -> None:
     """out[M, N] = x[M, K] . W^T (+ bias) with a packed block-quantized W; fp32 x and out (pointers)."""
+
+# Fused decoder-layer ops (cpp/include/trillium/kernels/layer_ops.h); typed wrappers: trillium.ops.layer_ops.
+def rms_norm(
+    x: int, x_stride: int, residual: int, residual_stride: int, weight: int, out: int, out_stride: int,
+    rows: int, hidden: int, eps: float,
+) -> None:
+    """RMSNorm of fp32 rows (pointers), with the residual add folded in when residual != 0."""
+
+def silu_and_mul(gate_up: int, gate_up_stride: int, out: int, out_stride: int, rows: int, inter: int) -> None:
+    """out = silu(gate) * up over fp32 rows [gate | up] (pointers)."""
+
+def rotary_inplace(
+    x: int, stride_token: int, stride_head: int, tokens: int, heads: int, head_dim: int,
+    cos: int, sin: int, max_positions: int, positions: int,
+) -> None:
+    """Rotate-half RoPE in place on fp32 [tokens, heads, head_dim] (pointers), from cos/sin tables."""

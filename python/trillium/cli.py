@@ -8,7 +8,7 @@ import sys
 
 import trio
 
-from trillium.config import EngineConfig
+from trillium.config import WEIGHT_FORMATS, EngineConfig
 
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:
@@ -20,9 +20,10 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None, help="context length limit (default: the model's)")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache size in GiB")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    parser.add_argument("--weights", default="auto", choices=["auto", "quantized", "dense"],
+    parser.add_argument("--weights", default="auto", choices=list(WEIGHT_FORMATS),
                         help="auto: run a GGUF file's Q4_0/Q4_1/Q8_0 weights with the quantized kernel where this "
-                             "CPU can (fp32, AVX2); dense: dequantize (bit-exact with Hugging Face)")
+                             "CPU can (fp32, AVX2); quantized-int8: also round activations to int8 (faster, "
+                             "approximate, as llama.cpp); dense: dequantize at load")
     parser.add_argument("--no-prefix-cache", dest="enable_prefix_cache", action="store_false",
                         help="disable reuse of cached KV for shared prompt prefixes")
     parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")

@@ -7,6 +7,7 @@ import os
 
 import torch
 
+WEIGHT_FORMATS = ("auto", "quantized", "quantized-int8", "dense")
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 
 
@@ -46,7 +47,8 @@ class EngineConfig:
     served_model_name: str | None = None
     enable_prefix_cache: bool = True  # reuse cached KV of shared prompt prefixes
     # auto: keep a GGUF file's Q4_0/Q4_1/Q8_0 projections quantized where the C++ kernel runs them
-    # (fp32 activations, AVX2 CPU), else dense; quantized: require that; dense: always dequantize.
+    # (fp32 activations, AVX2 CPU), else dense; quantized: require that; quantized-int8: also round
+    # activations to int8 (llama.cpp's way: faster, approximate); dense: always dequantize.
     weights: str = "auto"
     num_threads: int | None = None  # torch / OpenMP threads; None = TRILLIUM_NUM_THREADS or all cores
 
@@ -54,8 +56,8 @@ class EngineConfig:
         self.dtype = resolve_dtype(self.dtype)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if self.weights not in ("auto", "quantized", "dense"):
-            raise ValueError(f"weights must be auto, quantized or dense, got {self.weights!r}")
+        if self.weights not in WEIGHT_FORMATS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
         for name in ("block_size", "max_running", "max_tokens_per_step"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -44,8 +44,8 @@ def _use_quantized_weights(config: EngineConfig, path: str) -> bool:
     if config.weights == "dense":
         return False
     ok, why = can_run_quantized(path, config.torch_dtype)
-    if config.weights == "quantized" and not ok:
-        raise ValueError(f"--weights quantized: {why}")
+    if config.weights != "auto" and not ok:
+        raise ValueError(f"--weights {config.weights}: {why}")
     if not ok:
         log.info("dense weights: %s", why)
     return ok
@@ -60,10 +60,11 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         path = config.model or default_model_path()
         quantized = _use_quantized_weights(config, path)
-        log.info("loading model from %s (%s activations, %s weights)", path, config.dtype,
+        int8 = quantized and config.weights == "quantized-int8"
+        log.info("loading model from %s (%s activations, %s weights)", path, "int8" if int8 else config.dtype,
                  "quantized" if quantized else "dense")
         self.model, self.model_config = load_model(path, dtype=config.torch_dtype, progress=progress,
-                                                   quantized=quantized)
+                                                   quantized=quantized, int8_activations=int8)
         self.tokenizer = load_tokenizer(path)
         self.model_name = config.served_model_name or self.model_config.name
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,

@@ -1,5 +1,6 @@
 // trillium::quant_linear from C++ (no Python): pack random 4- and 8-bit codes, run the kernel on
-// every ISA this CPU has, and compare with a naive double loop doing the same activation rounding.
+// every ISA this CPU has, in both activation modes, and compare with naive double loops (the
+// dequantized matmul for exact mode; the same activation rounding for int8 mode).
 // Plain ctest executable.
 #include "trillium/kernels/quant_linear.h"
 
@@ -58,6 +59,20 @@ void run(int32_t bits, int64_t M, int64_t N, int64_t K, std::mt19937& rng) {
   const std::vector<double> ref = naive(x, M, K, codes, scale, mins, N);
   double ref_max = 0.0;
   for (double v : ref) ref_max = std::max(ref_max, std::fabs(v));
+  // The exact mode's oracle: fp32 activations times the dequantized weights, in double.
+  std::vector<double> dense(static_cast<size_t>(M * N), 0.0);
+  double dense_max = 0.0;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double w = std::fma(static_cast<float>(codes[n * K + k]), scale[n * nb + k / 32], mins[n * nb + k / 32]);
+        acc += w * x[m * K + k];
+      }
+      dense[m * N + n] = acc;
+      dense_max = std::max(dense_max, std::fabs(acc));
+    }
+  }
 
   for (auto isa : {trillium::KernelIsa::kPortable, trillium::KernelIsa::kAvx2, trillium::KernelIsa::kAvx512}) {
     if (!trillium::kernel_isa_supported(isa)) continue;
@@ -70,10 +85,16 @@ void run(int32_t bits, int64_t M, int64_t N, int64_t K, std::mt19937& rng) {
     a.weight = {N, K, bits, packed.data(), ps.data(), pm.data()};
     a.out = out.data();
     a.out_stride = N;
+    a.int8_activations = true;
     CHECK_OK(trillium::quant_linear(a));
     double worst = 0.0;
     for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - ref[i]));
     CHECK(worst <= 1e-5 * ref_max + 1e-6);
+    a.int8_activations = false;  // exact mode
+    CHECK_OK(trillium::quant_linear(a));
+    worst = 0.0;
+    for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - dense[i]));
+    CHECK(worst <= 1e-5 * dense_max + 1e-6);
   }
 }
 
@@ -98,6 +119,7 @@ int main() {
   const trillium::KernelIsa best = trillium::kernel_isa();
   for (int32_t bits : {4, 8}) {
     run(bits, 1, 8, 32, rng);
+    run(bits, 2, 24, 64, rng);
     run(bits, 5, 19, 96, rng);
     run(bits, 67, 40, 256, rng);
   }

@@ -55,15 +55,35 @@ def test_matches_reference(isa, bits, shape):
         x[-1, 32:64] = 0.0  # an all-zero block: scale 0, no division by zero
     bias = torch.randn(n, generator=gen)
     _core.set_kernel_isa(isa)
-    out = quant_linear(x, weight, bias)
+    out = quant_linear(x, weight, bias, int8_activations=True)
     ref = reference_quant_linear(x, codes, scale, mins, bias)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
     dense = x.double() @ dequantize_blocks(codes, scale, mins).double().T + bias.double()
     assert ((out.double() - dense).abs().max() / dense.abs().max()).item() < 3e-2
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("bits", [4, 8])
-def test_every_isa_gives_identical_bits(bits):
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_exact_path_matches_dense_matmul(isa, bits, shape):
+    """fp32 activations (the default): equal to a matmul over the dequantized weights up to fp32
+    summation order."""
+    m, n, k = shape
+    gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
+    codes, scale, mins = random_weight(n, k, bits, gen)
+    weight = QuantWeight.pack(codes, scale, mins, bits)
+    x = torch.randn(m, k, generator=gen) * 3
+    bias = torch.randn(n, generator=gen)
+    _core.set_kernel_isa(isa)
+    out = quant_linear(x, weight, bias)
+    dense = x.double() @ dequantize_blocks(codes, scale, mins).double().T + bias.double()
+    scale_of = (x.double().abs() @ dequantize_blocks(codes, scale, mins).double().abs().T).max().item()
+    assert (out.double() - dense).abs().max().item() <= 1e-6 * scale_of * k**0.5
+
+
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_every_isa_gives_identical_bits(bits, int8):
     gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
     codes, scale, mins = random_weight(40, 256, bits, gen)
     weight = QuantWeight.pack(codes, scale, mins, bits)
@@ -71,7 +91,7 @@ def test_every_isa_gives_identical_bits(bits):
     results = []
     for isa in ISAS:
         _core.set_kernel_isa(isa)
-        results.append(quant_linear(x, weight))
+        results.append(quant_linear(x, weight, int8_activations=int8))
     for other in results[1:]:
         assert torch.equal(results[0], other)
 
@@ -83,9 +103,9 @@ def test_strided_rows_out_buffer_and_leading_dims():
     wide = torch.randn(6, 100, generator=gen)
     x = wide[:, 10:74]  # row stride 100, not contiguous
     out = torch.full((6, 24), float("nan"))
-    quant_linear(x, weight, out=out)
+    quant_linear(x, weight, out=out, int8_activations=True)
     torch.testing.assert_close(out.double(), reference_quant_linear(x.contiguous(), codes, scale, mins), rtol=1e-5, atol=1e-4)
-    batched = quant_linear(x.reshape(2, 3, 64), weight)
+    batched = quant_linear(x.reshape(2, 3, 64), weight, int8_activations=True)
     assert batched.shape == (2, 3, 24)
     torch.testing.assert_close(batched.reshape(6, 24), out)
     assert quant_linear(torch.empty(0, 64), weight).shape == (0, 24)
@@ -119,3 +139,16 @@ def test_gguf_blocks_decode_exactly(qtype):
     ours = dequantize_blocks(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(mins))
     theirs = torch.from_numpy(dequantize(raw, qtype).reshape(16, 128))
     assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_exact_rows_do_not_depend_on_the_batch(bits):
+    """A request's logits must not change with what else is in the step (seeded sampling relies on
+    it): each row alone, in small batches (register path) and in large ones (panel path) is bit-equal."""
+    gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
+    codes, scale, mins = random_weight(40, 192, bits, gen)
+    weight = QuantWeight.pack(codes, scale, mins, bits)
+    x = torch.randn(70, 192, generator=gen)
+    full = quant_linear(x, weight)
+    for rows in (slice(0, 1), slice(5, 7), slice(10, 13), slice(64, 70), slice(3, 9)):
+        assert torch.equal(quant_linear(x[rows], weight), full[rows])

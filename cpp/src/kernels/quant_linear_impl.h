@@ -26,9 +26,17 @@ using GemmTileFn = void (*)(const QuantActs& acts, const QuantWeightView& w, int
                             int64_t group_begin, int64_t group_end, const float* bias, float* out,
                             int64_t out_stride);
 
+// fp32 activations (the exact path): out rows [row_begin, row_end) x output groups
+// [group_begin, group_end), weights dequantized (scale * code + min, one fma) into fp32 panels.
+// `panel` is scratch for 16 x K floats, owned by the calling thread.
+using GemmF32Fn = void (*)(const float* x, int64_t x_stride, const QuantWeightView& w, int64_t row_begin,
+                           int64_t row_end, int64_t group_begin, int64_t group_end, const float* bias, float* out,
+                           int64_t out_stride, float* panel);
+
 struct QuantLinearKernels {
   QuantizeRowsFn quantize = nullptr;
   GemmTileFn gemm = nullptr;
+  GemmF32Fn gemm_f32 = nullptr;
 };
 
 QuantLinearKernels quant_linear_portable_kernels();

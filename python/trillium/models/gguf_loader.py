@@ -158,6 +158,7 @@ def load_gguf_model(
     device: torch.device | str = "cpu",
     progress: bool = True,
     quantized: bool = False,
+    int8_activations: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model described by a GGUF file and load its (dequantized) weights.
 
@@ -178,7 +179,7 @@ def load_gguf_model(
         weights = read_quant_weights(gguf, config, permuted)
         if weights is None:
             raise ValueError(f"{path}: some projections are not Q4_0/Q4_1/Q8_0; load it dense")
-        model.use_quant_weights(weights)
+        model.use_quant_weights(weights, int8_activations)
     freqs = next((t for t in gguf.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
         # Llama-3.1-style files carry per-frequency divisors instead of rope-scaling metadata.

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
+
+from trillium.ops.layer_ops import fused_ok, rms_norm, rotary_inplace
 
 
 class RMSNorm(nn.Module):
@@ -16,10 +19,19 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """``norm(x)`` -- or, with ``residual``, ``(norm(x + residual), x + residual)``: the residual
+        add of the decoder layer folded in (the sum is written into ``residual`` on the fused path)."""
+        if fused_ok(x) and self.weight.dtype == torch.float32:
+            out = rms_norm(x, self.weight, self.eps, residual)
+            return out if residual is None else (out, residual)
+        if residual is not None:
+            x = x + residual
+            residual = x
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        out = self.weight * x32.to(x.dtype)
+        return out if residual is None else (out, residual)
 
 
 def rope_inv_freq(head_dim: int, theta: float, rope_scaling: dict | None) -> torch.Tensor:  # [D/2] fp32
@@ -79,6 +91,29 @@ class RotaryEmbedding(nn.Module):
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, D/2] in ``dtype`` for one step (computed once, shared by every layer)."""
         return self.cos[positions].to(dtype).unsqueeze(1), self.sin[positions].to(dtype).unsqueeze(1)
+
+    def for_step(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeStep:
+        """What every layer of one step needs to rotate its q/k (see :func:`rotate_`)."""
+        if dtype == torch.float32 and positions.device.type == "cpu":
+            return RopeStep(None, None, positions.contiguous(), self.cos, self.sin)
+        cos, sin = self.cos_sin(positions, dtype)
+        return RopeStep(cos, sin, positions, self.cos, self.sin)
+
+
+class RopeStep(NamedTuple):
+    cos: torch.Tensor | None  # [T, 1, D/2] gathered (torch path only)
+    sin: torch.Tensor | None
+    positions: torch.Tensor  # [T] int64
+    table_cos: torch.Tensor  # [max_positions, D/2] fp32
+    table_sin: torch.Tensor
+
+
+def rotate_(x: torch.Tensor, rope: RopeStep) -> None:
+    """Rotate x [T, H, D] (a view of the fused qkv output) in place."""
+    if rope.cos is None:
+        rotary_inplace(x, rope.table_cos, rope.table_sin, rope.positions)
+    else:
+        x.copy_(apply_rotary(x, rope.cos, rope.sin))
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trillium import _core
 from trillium.models.config import ModelConfig
-from trillium.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from trillium.models.layers import RMSNorm, RopeStep, RotaryEmbedding, rotate_
 from trillium.ops.attention import AttentionMetadata, paged_attention, store_kv
+from trillium.ops.layer_ops import fused_ok, silu_and_mul
 from trillium.ops.quant_linear import QuantWeight, quant_linear
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, Hkv, D]
@@ -30,14 +32,28 @@ def _linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype)
 class QuantLinear(nn.Module):
     """``nn.Linear`` over a block-quantized weight (``ops.quant_linear``; fp32 CPU activations)."""
 
-    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None, int8_activations: bool = False) -> None:
         super().__init__()
         self.qweight = weight
+        self.int8_activations = int8_activations
         self.in_features, self.out_features = weight.in_features, weight.out_features
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        # The kernel's weight arguments, resolved once: this runs 4 times per layer per step.
+        self._weight_args = (
+            weight.out_features, weight.in_features, weight.bits, weight.codes.data_ptr(),
+            weight.scales.data_ptr(), weight.mins.data_ptr(), 0 if self.bias is None else self.bias.data_ptr(),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        return quant_linear(x, self.qweight, self.bias)
+        if x.dim() != 2 or not x.is_contiguous() or x.dtype != torch.float32:
+            return quant_linear(x, self.qweight, self.bias, int8_activations=self.int8_activations)  # checked path
+        rows = x.shape[0]
+        out = torch.empty(rows, self.out_features, dtype=torch.float32)
+        if x.shape[1] != self.in_features:
+            raise ValueError(f"x has {x.shape[1]} features, the weight expects {self.in_features}")
+        _core.quant_linear(x.data_ptr(), rows, self.in_features, *self._weight_args, out.data_ptr(),
+                           self.out_features, torch.get_num_threads(), self.int8_activations)
+        return out
 
 
 class LlamaAttention(nn.Module):
@@ -55,17 +71,16 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,  # [T, H]
-        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [T, 1, D/2]
+        rope: RopeStep,  # this step's positions and RoPE tables, shared by every layer
         kv_cache: KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H]
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
-        # Q and K heads are adjacent in the fused output: rotate them in one pass.
-        qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
-        qk = apply_rotary(qk, *rope)  # [T, Hq + Hkv, D]
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # [T, Hq, D], [T, Hkv, D]
-        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        heads = qkv.view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        # Q and K heads are adjacent in the fused output: rotate them in place in one pass.
+        rotate_(heads[:, : self.num_heads + self.num_kv_heads], rope)
+        q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)  # views [T, H*, D]
         k_cache, v_cache = kv_cache
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
@@ -80,7 +95,10 @@ class LlamaMLP(nn.Module):
         self.down_proj = _linear(config.intermediate_size, config.hidden_size, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, I] each
+        gate_up = self.gate_up_proj(x)  # [T, 2I]: [gate | up]
+        if fused_ok(gate_up):
+            return self.down_proj(silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [T, I] each
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -92,9 +110,18 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(config, dtype)
 
-    def forward(self, hidden, rope, kv_cache, meta) -> torch.Tensor:  # [T, H] -> [T, H]
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rope, kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(self, hidden, residual, rope, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it); the caller adds them (the next
+        layer's norm does, fused). ``residual`` is None for the first layer, whose input is the
+        embedding itself."""
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, rope, kv_cache, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 # HF name of an unfused projection -> (our fused parameter's module, shard index within it).
@@ -121,6 +148,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = None if config.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, False, dtype)
         self.quant_head: QuantWeight | None = None  # set by use_quant_weights
+        self.int8_activations = False
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
@@ -144,15 +172,17 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [T, H], after the final norm
         """Run one step: store this step's K/V into the caches (slots from ``meta``) and return
         the final-normed hidden state of every new token. Mutates ``kv_caches`` only."""
-        hidden = self.embed_tokens(input_ids)  # [T, H]
-        rope = self.rotary.cos_sin(positions, hidden.dtype)
+        hidden = self.embed_tokens(input_ids)  # [T, H] (a fresh tensor: the residual stream is updated in place)
+        rope = self.rotary.for_step(positions, hidden.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, rope, kv_cache, meta)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
         if self.quant_head is not None:
-            return quant_linear(hidden, self.quant_head)
+            return quant_linear(hidden, self.quant_head, int8_activations=self.int8_activations)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()
 
@@ -160,8 +190,9 @@ class LlamaForCausalLM(nn.Module):
     def is_quantized(self) -> bool:
         return self.quant_head is not None
 
-    def use_quant_weights(self, weights: dict[str, QuantWeight]) -> None:
-        """Swap every projection (and the output head) for its block-quantized weight.
+    def use_quant_weights(self, weights: dict[str, QuantWeight], int8_activations: bool = False) -> None:
+        """Swap every projection (and the output head) for its block-quantized weight
+        (``int8_activations``: llama.cpp-style approximate activations, see ``ops.quant_linear``).
 
         ``weights`` maps module names (``layers.0.self_attn.qkv_proj``, ..., ``lm_head``) to packed
         weights of the same shapes; the dense matrices they replace are freed. The embedding
@@ -181,7 +212,8 @@ class LlamaForCausalLM(nn.Module):
         for name in targets:
             parent_name, _, leaf = name.rpartition(".")
             parent = modules[parent_name] if parent_name else self
-            setattr(parent, leaf, QuantLinear(weights[name], modules[name].bias))
+            setattr(parent, leaf, QuantLinear(weights[name], modules[name].bias, int8_activations))
+        self.int8_activations = int8_activations
         self.lm_head = None
         self.quant_head = weights["lm_head"]
 

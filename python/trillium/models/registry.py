@@ -38,11 +38,12 @@ def load_model(
     device: torch.device | str = "cpu",
     progress: bool = True,
     quantized: bool = False,
+    int8_activations: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Load a ``.gguf`` file or a Hugging Face directory; returns the model in eval mode and its config.
 
     ``quantized`` keeps a GGUF file's Q4_0/Q4_1/Q8_0 projections quantized (see
-    :func:`can_run_quantized`). Raises FileNotFoundError for a missing path and ValueError for an
+    :func:`can_run_quantized`); ``int8_activations`` makes their matmuls round activations to int8. Raises FileNotFoundError for a missing path and ValueError for an
     unsupported format or architecture (the message names it).
     """
     if os.path.isdir(path):
@@ -56,7 +57,7 @@ def load_model(
     if path.lower().endswith(".gguf"):
         from trillium.models.gguf_loader import load_gguf_model
 
-        return load_gguf_model(path, dtype, device, progress, quantized)
+        return load_gguf_model(path, dtype, device, progress, quantized, int8_activations)
     raise ValueError(f"unsupported model file {path!r}: expected a .gguf file or a Hugging Face directory")
 
 

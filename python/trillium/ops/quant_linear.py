@@ -2,10 +2,10 @@
 
 A weight ``W[N, K]`` is stored as integer codes in blocks of 32 along K with one fp32 scale and
 one fp32 min per block: ``W[n, k] = scale[n, k // 32] * codes[n, k] + min[n, k // 32]`` -- exactly
-GGUF's Q4_0 / Q4_1 / Q8_0, so a quantized file is served without dequantizing it. Activations are
-quantized per row and 32-block to int8 inside the kernel (as llama.cpp does), and the integer dot
-products are exact; the result differs from ``x @ dequantize(W).T`` by that rounding only.
-:func:`reference_quant_linear` computes the same quantity in float64 with torch.
+GGUF's Q4_0 / Q4_1 / Q8_0, so a quantized file is served without dequantizing it. By default the
+activations stay fp32 and the result is ``x @ dequantize(W).T`` up to summation order; with
+``int8_activations`` they are rounded to int8 per row and 32-block (as llama.cpp does) and the
+integer dot products are exact; :func:`reference_quant_linear` computes that in float64.
 """
 
 from __future__ import annotations
@@ -60,9 +60,16 @@ class QuantWeight:
 
 
 def quant_linear(
-    x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: QuantWeight,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    int8_activations: bool = False,
 ) -> torch.Tensor:
-    """``x [..., K] -> [..., N]``: ``x @ W.T (+ bias)`` on fp32 CPU tensors, W block-quantized."""
+    """``x [..., K] -> [..., N]``: ``x @ W.T (+ bias)`` on fp32 CPU tensors, W block-quantized.
+
+    Exact by default (fp32 activations times the dequantized weights); ``int8_activations`` rounds
+    x to int8 per 32-block first (llama.cpp's way: faster at large batches, approximate)."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"quant_linear takes fp32 CPU activations, got {x.dtype} on {x.device}")
     if x.shape[-1] != weight.in_features:
@@ -84,6 +91,7 @@ def quant_linear(
         x2.data_ptr(), rows, x2.stride(0), weight.out_features, weight.in_features, weight.bits,
         weight.codes.data_ptr(), weight.scales.data_ptr(), weight.mins.data_ptr(),
         0 if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0), torch.get_num_threads(),
+        int8_activations,
     )
     return out.view(*lead, weight.out_features)
 

@@ -5,11 +5,14 @@
 // bits (4: q in [0, 15]; 8: q in [-128, 127]) in blocks of 32 along K. This is exactly GGUF's Q4_0
 // (min = -8 * scale), Q4_1 and Q8_0 (min = 0), so those files load without any loss.
 //
-// Activations. Each call quantizes x per row and 32-wide block to int8 (scale = max|x| / 127,
-// codes rounded to nearest, even on ties), as llama.cpp does (its Q8_1), and accumulates the
-// integer products exactly in int32 before scaling in fp32. The result therefore differs from an
-// fp32 matmul over the dequantized weights by the activation rounding only (relative error
-// ~1e-3); quant_linear_reference() in the tests computes the same quantity in float64.
+// Activations, two modes:
+//  - exact (int8_activations = false, the default): fp32 activations times the dequantized weights
+//    (scale * code + min, one fma per weight into an fp32 panel), fp32 accumulation. Equal to an
+//    fp32 matmul over the dequantized weights up to summation order: what Hugging Face computes.
+//  - int8 (int8_activations = true): each call quantizes x per row and 32-wide block to int8
+//    (scale = max|x| / 127, nearest-even), as llama.cpp does (its Q8_1), and accumulates the
+//    integer products exactly in int32 before scaling in fp32. Faster at large batches, but the
+//    activation rounding moves a small model's logits visibly (relative error ~1e-3 per matmul).
 //
 // Packed layout (quant_linear_pack writes it; callers treat it as opaque bytes). Output features
 // go in groups of 8 (N padded with zero codes to a multiple of 8); for group g and block b the
@@ -63,6 +66,7 @@ struct QuantLinearArgs {
   float* out = nullptr;         // [M, N], row stride out_stride (>= N); must not overlap x
   int64_t out_stride = 0;
   int num_threads = 0;          // 0: the OpenMP default
+  bool int8_activations = false;  // see "Activations" above
 };
 
 // out = x . W^T + bias. kInvalidArgument (nothing written) for inconsistent sizes or null pointers.
