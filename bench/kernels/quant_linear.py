@@ -2,7 +2,8 @@
 
 The shapes of SmolLM2-135M's projections (4-bit) and its tied output head (8-bit), at the row
 counts of decode batches and of prefill. One JSON line per configuration:
-``op, rows, out_features, in_features, bits, trillium_us, torch_us, speedup, gops``.
+``op, rows, out_features, in_features, bits, trillium_us, torch_us, speedup, gops, int8_us``
+(trillium_us: the exact fp32-activation mode, the default; int8_us: ``int8_activations``).
 
     python bench/kernels/quant_linear.py            # full table
     python bench/kernels/quant_linear.py --quick    # smoke mode (seconds)
@@ -44,6 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke mode: two shapes, short timings")
     parser.add_argument("--rows", type=int, nargs="*", default=[1, 16, 32, 256])
+    parser.add_argument("--layers", type=int, default=30, help="distinct weights per shape, cycled (default: 30)")
     args = parser.parse_args()
     shapes = SHAPES[:2] if args.quick else SHAPES
     rows_list = [1, 16] if args.quick else args.rows
@@ -55,17 +57,29 @@ def main() -> None:
         codes = torch.randint(low, high, (n, k), generator=gen).to(torch.int8)
         scale = torch.rand(n, k // 32, generator=gen) * 0.02
         mins = torch.rand(n, k // 32, generator=gen) * 0.01
-        weight = QuantWeight.pack(codes, scale, mins, bits)
+        # One weight per layer, as in the model: a step streams every layer's weights from memory,
+        # so timing one matrix that stays in cache would flatter the 4x larger dense weights.
+        copies = 1 if name == "lm_head" or args.quick else args.layers
+        weights = [QuantWeight.pack(codes, scale, mins, bits) for _ in range(copies)]
         # The dense model's layout: [out, in] seen through a column-major copy (models/llama.py).
-        dense = torch.randn(n, k, generator=gen).t().contiguous().t()
+        denses = [torch.randn(n, k, generator=gen).t().contiguous().t() for _ in range(copies)]
         for rows in rows_list:
             x = torch.randn(rows, k, generator=gen)
-            ours = timeit(lambda: quant_linear(x, weight), min_seconds)
-            theirs = timeit(lambda: F.linear(x, dense), min_seconds)
+
+            def each(fn):
+                def run():
+                    for i in range(copies):
+                        fn(i)
+                return lambda: run()
+
+            ours = timeit(each(lambda i: quant_linear(x, weights[i])), min_seconds) / copies
+            int8 = timeit(each(lambda i: quant_linear(x, weights[i], int8_activations=True)), min_seconds) / copies
+            theirs = timeit(each(lambda i: F.linear(x, denses[i])), min_seconds) / copies
             print(json.dumps({
                 "op": name, "rows": rows, "out_features": n, "in_features": k, "bits": bits,
                 "trillium_us": round(ours * 1e6, 1), "torch_us": round(theirs * 1e6, 1),
                 "speedup": round(theirs / ours, 2), "gops": round(2 * rows * n * k / ours / 1e9, 1),
+                "int8_us": round(int8 * 1e6, 1),
             }), flush=True)
 
 
