@@ -76,7 +76,9 @@ async def open_loop(client, args, model, prompts, rate, bar) -> list[dict]:
 
 
 async def run(args) -> list[dict]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # A fresh connection per request: llama-server closes idle keep-alive connections, and a reused
+    # one it has just closed fails the request ("Server disconnected") through no fault of the load.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=args.base_url, timeout=httpx.Timeout(1800, connect=30), limits=limits) as client:
         model = args.model or (await client.get("/v1/models")).json()["data"][0]["id"]
         levels = [("concurrency", c) for c in args.concurrency or []] + [("request_rate", r) for r in args.request_rate or []]
