@@ -156,7 +156,8 @@ def compare(args) -> None:
             result_file = args.out.replace(".json", f".{engine}.json")
             bench = [PY, os.path.join(ROOT, "bench", "serving.py"), "--base-url", base_url, "--label", engine,
                      "--concurrency", *map(str, args.concurrency), "--num-requests", str(args.num_requests),
-                     "--max-tokens", str(args.max_tokens), "--result-file", result_file, "--no-progress"]
+                     "--max-tokens", str(args.max_tokens), "--result-file", result_file, "--no-progress",
+                     *args.serving_args]
             run(bench)
             with open(result_file) as f:
                 results[engine] = json.load(f)
@@ -206,6 +207,8 @@ def main() -> None:
     c.add_argument("--max-tokens", type=int, default=64)
     c.add_argument("--port", type=int, default=8200)
     c.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "compare.json"))
+    c.add_argument("--serving-args", nargs=argparse.REMAINDER, default=[],
+                   help="passed on to bench/serving.py, e.g. --serving-args --synthetic --input-len 1000")
     args = p.parse_args()
     if args.command == "setup":
         setup_llama_cpp() if args.engine == "llama.cpp" else setup_vllm()

@@ -15,14 +15,22 @@ DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "sh
 
 def load_prompts(path: str | None, n: int, synthetic_words: int, seed: int) -> list[str]:
     """``n`` prompts: ShareGPT first turns (shuffled with ``seed``, cut to 4,000 characters) or,
-    without a file, ``synthetic_words`` words of fixed text each."""
+    without a file, ``synthetic_words`` random common words each (different for every request, so
+    no engine's prefix cache can serve one prompt from another)."""
     if path and os.path.exists(path):
         with open(path) as f:
             items = json.load(f)
         texts = [it["conversations"][0]["value"][:4000] for it in items if it.get("conversations")]
         random.Random(seed).shuffle(texts)
         return [texts[i % len(texts)] for i in range(n)]
-    return [" ".join(["hello"] * synthetic_words) for _ in range(n)]
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(_WORDS) for _ in range(synthetic_words)) for _ in range(n)]
+
+
+_WORDS = ("time year people way day man thing woman life child world school state family student group "
+          "country problem hand part place case week company system program question work government "
+          "number night point home water room mother area money story fact month lot right study book eye "
+          "job word business issue side kind head house service friend father power hour game line end").split()
 
 
 async def stream_request(client: httpx.AsyncClient, endpoint: str, model: str, prompt: str, max_tokens: int,
