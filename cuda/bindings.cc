@@ -11,10 +11,13 @@
 
 #include "kernel_specs.h"
 #include "launchers.h"
+#include "token_bitmask_spec.h"
 
 namespace py = pybind11;
 using trillium::bindings::BatchSpec;
 using trillium::bindings::CacheSpec;
+using trillium::bindings::BitmaskSpec;
+using trillium::bindings::LogitsSpec;
 using trillium::bindings::RowsSpec;
 
 namespace {
@@ -101,4 +104,17 @@ PYBIND11_MODULE(_cuda, m) {
       py::arg("max_query_len"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>(),
       "Asynchronous paged attention (decode or extend) on stream; tuples as trillium._core.paged_attention, "
       "device pointers. head_dim 64, 128 or 256. ValueError on arguments the launcher rejects.");
+
+  m.def(
+      "apply_token_bitmask",
+      [](const LogitsSpec& logits, const BitmaskSpec& bitmask, std::uintptr_t mask_rows, std::uintptr_t stream) {
+        const trillium::TokenBitmaskArgs a = trillium::bindings::token_bitmask_args(logits, bitmask, mask_rows);
+        check_args(trillium::cuda::apply_token_bitmask(a, reinterpret_cast<cudaStream_t>(stream)),
+                   "apply_token_bitmask");
+      },
+      py::arg("logits"), py::arg("bitmask"), py::arg("mask_rows"), py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>(),
+      "Asynchronous apply_token_bitmask on stream; arguments as trillium._core.apply_token_bitmask, "
+      "device pointers. ValueError on sizes the launcher rejects.");
 }
+

@@ -14,6 +14,7 @@
 
 #include "trillium/kernels/kv_store.h"
 #include "trillium/kernels/paged_attention.h"
+#include "trillium/kernels/token_bitmask.h"
 
 namespace trillium::cuda {
 
@@ -30,5 +31,10 @@ cudaError_t store_kv(const KVStoreArgs& args, cudaStream_t stream);
 // shared memory. query_start_loc is required (decode: 0, 1, ..., R). max_query_len bounds the
 // grid (any upper bound of the per-request query lengths works). head_dim must be 64, 128 or 256.
 cudaError_t paged_attention(const PagedAttentionArgs& args, int32_t max_query_len, cudaStream_t stream);
+
+// apply_token_bitmask (see token_bitmask.h): a thread per logit, a grid row per logits row.
+// Device-resident mask_rows entries are trusted, except that an id outside [0, num_mask_rows)
+// leaves its row unmasked rather than reading out of bounds.
+cudaError_t apply_token_bitmask(const TokenBitmaskArgs& args, cudaStream_t stream);
 
 }  // namespace trillium::cuda

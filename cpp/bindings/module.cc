@@ -16,4 +16,5 @@ PYBIND11_MODULE(_core, m) {
   trillium::bindings::bind_kernels(m);
   trillium::bindings::bind_quant_linear(m);
   trillium::bindings::bind_layer_ops(m);
+  trillium::bindings::bind_token_bitmask(m);
 }

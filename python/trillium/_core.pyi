@@ -194,3 +194,11 @@ def rotary_inplace(
     cos: int, sin: int, max_positions: int, positions: int,
 ) -> None:
     """Rotate-half RoPE in place on fp32 [tokens, heads, head_dim] (pointers), from cos/sin tables."""
+
+# Structured output (cpp/include/trillium/kernels/token_bitmask.h); typed wrapper: trillium.ops.token_bitmask.
+def apply_token_bitmask(
+    logits: tuple[int, int, int, int, int], bitmask: tuple[int, int, int, int], mask_rows: int
+) -> None:
+    """Set logits whose token bit is 0 to -inf in place. logits: (data_ptr, dtype, row_stride, num_rows,
+    vocab_size); bitmask: (int32 data_ptr, row_stride, num_mask_rows, num_words); mask_rows: int32 [num_rows]
+    pointer (-1 = unmasked row) or 0. Releases the GIL; ValueError (nothing written) on bad sizes."""

@@ -32,3 +32,9 @@ def paged_attention(
 ) -> None:
     """Asynchronous paged attention (decode or extend) on stream; head_dim 64, 128 or 256.
     ValueError on arguments the launcher rejects, RuntimeError on a CUDA error."""
+
+def apply_token_bitmask(
+    logits: tuple[int, int, int, int, int], bitmask: tuple[int, int, int, int], mask_rows: int, stream: int = 0
+) -> None:
+    """Asynchronous apply_token_bitmask on stream (arguments as trillium._core.apply_token_bitmask, device
+    pointers). ValueError on sizes the launcher rejects."""

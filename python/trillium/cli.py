@@ -1,4 +1,4 @@
-"""Command line: ``trillium serve`` and ``trillium chat``."""
+"""Command line: ``trillium serve``, ``trillium chat``, ``trillium usage``, ``trillium hash-key``."""
 
 from __future__ import annotations
 
@@ -50,6 +50,22 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", default=None, help="model id clients use (default: from the model file)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--config", default=None, metavar="FILE",
+                       help="TOML file with tenants, API key hashes, limits and the usage ledger "
+                            "(default: no keys, no limits, no ledger)")
+    serve.add_argument("--log-requests", action="store_true",
+                       help="print one JSON line per finished request (stderr)")
+
+    usage = sub.add_parser("usage", help="per-tenant usage totals from the ledger")
+    usage.add_argument("--config", default=None, metavar="FILE", help="the server's config (its ledger path)")
+    usage.add_argument("--ledger", default=None, metavar="PATH", help="the ledger file itself")
+    usage.add_argument("--since", default=None, help="start: 24h, 7d, an ISO date or date-time, or unix seconds")
+    usage.add_argument("--until", default=None, help="end (default: now); same forms as --since")
+    usage.add_argument("--tenant", default=None, help="only this tenant")
+    usage.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    hash_key = sub.add_parser("hash-key", help="print a new API key and its hash for the config file")
+    hash_key.add_argument("--stdin", action="store_true", help="hash the keys read from stdin, one per line")
 
     chat = sub.add_parser("chat", help="chat with the model in the terminal")
     _engine_args(chat)
@@ -62,11 +78,26 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from trillium.serve import run_server
 
+        from trillium.metering.tenants import load_access_config
+
         try:
             config = _engine_config(args)
+            access = load_access_config(args.config) if args.config else None
         except ValueError as exc:
             parser.error(str(exc))
-        return run_server(config, host=args.host, port=args.port)
+        return run_server(config, host=args.host, port=args.port, access=access, log_requests=args.log_requests)
+    if args.command == "usage":
+        from trillium.metering.commands import print_usage
+
+        try:
+            return print_usage(ledger=args.ledger, config=args.config, since=args.since, until=args.until,
+                               tenant=args.tenant, as_json=args.json)
+        except (ValueError, OSError) as exc:
+            parser.error(str(exc))
+    if args.command == "hash-key":
+        from trillium.metering.commands import print_key_hashes
+
+        return print_key_hashes(from_stdin=args.stdin)
     if args.command == "chat":
         logging.basicConfig(level="WARNING")
         from trillium.chat import run_chat

@@ -18,12 +18,22 @@ from trillium.config import EngineConfig
 from trillium.engine.runner import ModelRunner, kv_bytes_per_block
 from trillium.models import ModelConfig, default_model_path, load_model
 from trillium.models.registry import can_run_quantized
-from trillium.protocol import AbortRequest, AddRequest, SamplingParams, TokenDelta, TokenizeRequest
+from trillium.protocol import (
+    AbortRequest,
+    AddRequest,
+    CompileGrammar,
+    SamplingParams,
+    StructuredOutputs,
+    TokenDelta,
+    TokenizeRequest,
+)
 from trillium.request_stream import RequestStream
-from trillium.runtime import INBOX_BOUND, TOKENIZER_INBOX_BOUND, Actor, Mailbox, open_inbox
+from trillium.runtime import GRAMMAR_INBOX_BOUND, INBOX_BOUND, TOKENIZER_INBOX_BOUND, Actor, Mailbox, open_inbox
 from trillium.scheduler import SchedulerConfig
 from trillium.scheduler.actor import SchedulerActor, merge_deltas
 from trillium.scheduler.kv_manager import KVBlockManager
+from trillium.structured import BitmaskFiller, CompiledGrammar, GrammarCompiler, GrammarError, build_ll_tokenizer
+from trillium.structured.actor import GrammarActor
 from trillium.tokenizer import load_tokenizer
 from trillium.tokenizer.actor import TokenizerActor
 
@@ -91,13 +101,19 @@ class Engine:
         )
         self._scheduler_send, scheduler_recv = open_inbox(INBOX_BOUND)
         self._tokenizer_send, tokenizer_recv = open_inbox(TOKENIZER_INBOX_BOUND)
-        self.scheduler = SchedulerActor(self.scheduler_config, self.kv, self.runner, scheduler_recv)
+        self._grammar_send, grammar_recv = open_inbox(GRAMMAR_INBOX_BOUND)
+        # Structured output: llguidance's view of the vocabulary, the compile cache, and the
+        # step bitmask (one row per running request) that the grammar thread fills.
+        self.grammar_compiler = GrammarCompiler(build_ll_tokenizer(self.tokenizer, self.model_config.vocab_size))
+        self.grammar_actor = GrammarActor(self.grammar_compiler, grammar_recv)
+        bitmask_filler = BitmaskFiller(config.max_running, self.model_config.vocab_size)
+        self.scheduler = SchedulerActor(self.scheduler_config, self.kv, self.runner, scheduler_recv, bitmask_filler)
         self.tokenizer_actor = TokenizerActor(self.tokenizer, tokenizer_recv)
         self.client = EngineClient(self)
 
     def actors(self) -> list[Actor]:
-        """In start order: the tokenizer and scheduler before anything that sends to them."""
-        return [self.tokenizer_actor, self.scheduler]
+        """In start order: the tokenizer, grammar and scheduler actors before anything that sends to them."""
+        return [self.tokenizer_actor, self.grammar_actor, self.scheduler]
 
 
 class EngineClient:
@@ -127,13 +143,30 @@ class EngineClient:
             raise TokenizeError(result.error)
         return result.token_ids
 
+    async def compile_grammar(self, constraint: StructuredOutputs) -> CompiledGrammar:
+        """Compile an output constraint (cached by content). Raises GrammarError (malformed,
+        unsupported, or over the compile time limit) or EngineOverloaded."""
+        send, recv = trio.open_memory_channel(1)
+        try:
+            self._engine._grammar_send.send_nowait(CompileGrammar(constraint=constraint, reply=send))
+        except trio.WouldBlock:
+            raise EngineOverloaded("grammar queue is full") from None
+        async with recv:
+            result = await recv.receive()
+        if result.error is not None:
+            raise GrammarError(result.error)
+        return result.grammar
+
     def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-               cache_salt: str | None = None) -> Mailbox[TokenDelta]:
-        """Queue a request; its deltas arrive in the returned mailbox. Raises EngineOverloaded."""
+               cache_salt: str | None = None, grammar: CompiledGrammar | None = None) -> Mailbox[TokenDelta]:
+        """Queue a request; its deltas arrive in the returned mailbox. Raises EngineOverloaded.
+        A request with ``sampling.structured`` needs its ``grammar`` from :meth:`compile_grammar`."""
+        if (sampling.structured is None) != (grammar is None):
+            raise ValueError("a constrained request needs its compiled grammar (and only it)")
         mailbox: Mailbox[TokenDelta] = Mailbox(merge_deltas)
         message = AddRequest(
             request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=sampling, reply=mailbox,
-            arrival_time=time.monotonic(), cache_salt=cache_salt,
+            arrival_time=time.monotonic(), cache_salt=cache_salt, grammar=grammar,
         )
         try:
             self._engine._scheduler_send.send_nowait(message)
@@ -142,9 +175,9 @@ class EngineClient:
         return mailbox
 
     def open_stream(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                    cache_salt: str | None = None) -> RequestStream:
+                    cache_salt: str | None = None, grammar: CompiledGrammar | None = None) -> RequestStream:
         """Submit a request and return its text stream. Raises EngineOverloaded."""
-        mailbox = self.submit(request_id, prompt_token_ids, sampling, cache_salt)
+        mailbox = self.submit(request_id, prompt_token_ids, sampling, cache_salt, grammar)
         return RequestStream(self, request_id, len(prompt_token_ids), sampling, mailbox)
 
     def abort(self, request_id: str, mailbox: Mailbox | None = None) -> None:
@@ -158,4 +191,4 @@ class EngineClient:
             pass
 
     def stats(self) -> dict:
-        return self._engine.scheduler.stats()
+        return {**self._engine.scheduler.stats(), **self._engine.grammar_actor.stats()}

@@ -35,20 +35,28 @@ class LLM:
         self.engine = Engine(EngineConfig(model=model, dtype=dtype, **engine_args), progress=progress)
         self.tokenizer = self.engine.tokenizer
 
-    def generate(self, prompts: str | Sequence[str], sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
-        """Complete each raw-text prompt; all prompts are batched together by the scheduler."""
+    def generate(self, prompts: str | Sequence[str],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Complete each raw-text prompt; all prompts are batched together by the scheduler.
+        ``sampling_params`` is one for all prompts or one per prompt (as in vLLM)."""
         if isinstance(prompts, str):
             prompts = [prompts]
         return trio.run(self._run_all, [{"prompt": p} for p in prompts], sampling_params or SamplingParams())
 
-    def chat(self, conversations: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
+    def chat(self, conversations: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
         """Answer chat conversations (rendered with the model's chat template)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # one conversation
         return trio.run(self._run_all, [{"messages": c} for c in conversations], sampling_params or SamplingParams())
 
-    async def _run_all(self, inputs: list[dict], sampling: SamplingParams) -> list[RequestOutput]:
+    async def _run_all(self, inputs: list[dict], sampling_params: SamplingParams | Sequence[SamplingParams]
+                       ) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(inputs)
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(inputs)
+        if len(sampling_params) != len(inputs):
+            raise ValueError(f"{len(sampling_params)} sampling params for {len(inputs)} prompts")
         client = self.engine.client
         async with trio.open_nursery() as actors:
             for actor in self.engine.actors():
@@ -63,8 +71,12 @@ class LLM:
                     await run_one(i, kwargs)
 
             async def run_one(i: int, kwargs: dict) -> None:
+                sampling = sampling_params[i]
                 prompt_ids = await client.tokenize(**kwargs)
-                stream = client.open_stream(client.new_request_id("offline"), prompt_ids, sampling)
+                grammar = None
+                if sampling.structured is not None:
+                    grammar = await client.compile_grammar(sampling.structured)  # GrammarError: a ValueError
+                stream = client.open_stream(client.new_request_id("offline"), prompt_ids, sampling, grammar=grammar)
                 text, ids = [], []
                 async for out in stream:
                     text.append(out.text)

@@ -7,6 +7,7 @@ text, the same finish reasons and the same token counts.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from trillium.protocol import FinishReason, SamplingParams, TokenDelta
 from trillium.runtime import Mailbox, MailboxClosed
@@ -41,6 +42,13 @@ class RequestStream:
         self.num_completion_tokens = 0
         self.num_cached_tokens = 0
         self.finish_reason: FinishReason | None = None
+        # Timing for metering (monotonic seconds): when tokens reached this stream, the seconds
+        # between consecutive deltas spread over their tokens (k tokens after t seconds count
+        # t/k each), and the scheduler's queue time.
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.inter_token_seconds: list[float] = []
+        self.queue_time: float | None = None
         self._mailbox = mailbox
         self._engine_done = False  # the engine finished or was told to abort
         self._detok = IncrementalDetokenizer(client.tokenizer, skip_special_tokens=sampling.skip_special_tokens)
@@ -59,6 +67,10 @@ class RequestStream:
             self.finish_reason = FinishReason.ABORT
             return StreamOutput("", [], FinishReason.ABORT)
         self.num_completion_tokens += len(delta.token_ids)
+        if delta.token_ids:
+            self._time_tokens(len(delta.token_ids))
+        if delta.queue_time is not None:
+            self.queue_time = delta.queue_time
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         reason = delta.finish_reason
         self._engine_done = reason is not None
@@ -74,6 +86,15 @@ class RequestStream:
             text += self._stop.flush()
         self.finish_reason = reason
         return StreamOutput(text, delta.token_ids, reason, delta.error, delta.logprobs)
+
+    def _time_tokens(self, num_tokens: int) -> None:
+        now = time.monotonic()
+        if self.last_token_time is None:
+            self.first_token_time = now
+        else:
+            gap = (now - self.last_token_time) / num_tokens
+            self.inter_token_seconds.extend([gap] * num_tokens)
+        self.last_token_time = now
 
     def abort(self) -> None:
         """Tell the engine to drop this request and free its blocks now (idempotent)."""

@@ -75,10 +75,15 @@ class ModelRunner:
             ends = meta.query_start_loc[1:] - 1  # [R] last new token of each request
             last = ends[torch.tensor(sample_rows, dtype=torch.long)]
             logits = self.model.compute_logits(hidden.index_select(0, last.to(self.device)))  # [S, V]
+            logits = logits.float().cpu()
+            if step_input.bitmask is not None:
+                # Structured output: disallowed tokens -> -inf before any sampling parameter, so
+                # bias, penalties, temperature, top-p and logprobs all see the masked distribution.
+                step_input.bitmask.apply(logits, sample_rows)
             params = [requests[i].sampling for i in sample_rows]
             generators = [self._generator(requests[i]) for i in sample_rows]
             histories = [_history(requests[i]) for i in sample_rows]
-            result = sample(logits.float().cpu(), params, generators, histories)
+            result = sample(logits, params, generators, histories)
             for i, token_id in zip(sample_rows, result.token_ids):
                 sampled[i] = token_id
             if result.logprobs is not None:

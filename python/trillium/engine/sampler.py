@@ -168,5 +168,7 @@ def _with_chosen(lp, logits: torch.Tensor, chosen: torch.Tensor) -> list[TopLogp
     idx = torch.tensor(rows)
     chosen_lp = logp.gather(1, chosen.index_select(0, idx).unsqueeze(1)).squeeze(1).tolist()
     for j, i in enumerate(rows):
-        out[i] = (chosen_lp[j], list(zip(top_ids[j][: ks[j]], top_vals[j][: ks[j]])))
+        # -inf alternatives are tokens a structured-output mask ruled out: not alternatives at all.
+        top = [(t, v) for t, v in zip(top_ids[j][: ks[j]], top_vals[j][: ks[j]]) if v != float("-inf")]
+        out[i] = (chosen_lp[j], top)
     return out

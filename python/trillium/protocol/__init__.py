@@ -10,15 +10,19 @@ from trillium.protocol.messages import (
     TokenizeResult,
 )
 from trillium.protocol.step import ScheduledRequest, StepInput, StepOutput
+from trillium.protocol.structured import CompileGrammar, GrammarCompiled, StructuredOutputs
 
 __all__ = [
     "AbortRequest",
     "AddRequest",
+    "CompileGrammar",
     "FinishReason",
+    "GrammarCompiled",
     "SamplingParams",
     "ScheduledRequest",
     "StepInput",
     "StepOutput",
+    "StructuredOutputs",
     "TokenDelta",
     "TokenizeRequest",
     "TokenizeResult",

@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from trillium.protocol.structured import StructuredOutputs
+
 
 class FinishReason(enum.IntEnum):
     """Why a request stopped producing tokens (OpenAI ``finish_reason`` for the first two)."""
@@ -51,6 +53,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
     min_tokens: int = 0  # EOS and stop token ids are ignored before this many output tokens
     logprobs: int | None = None  # None: off; k >= 0: chosen token's logprob plus top k
+    structured: StructuredOutputs | None = None  # output constraint (JSON Schema, regex, choice, grammar)
 
     @property
     def needs_history(self) -> bool:
@@ -85,6 +88,7 @@ class AddRequest(msgspec.Struct, gc=False, kw_only=True):
     reply: Any
     arrival_time: float = 0.0
     cache_salt: str | None = None  # isolates this tenant's prefix cache entries
+    grammar: Any = None  # structured.CompiledGrammar for ``sampling.structured`` (compiled by the grammar actor)
 
 
 class AbortRequest(msgspec.Struct, array_like=True, gc=False):
@@ -109,6 +113,7 @@ class TokenDelta(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     # One entry per token id when the request asked for logprobs:
     # (logprob of the chosen token, [(top token id, logprob), ...] best first)
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    queue_time: float | None = None  # seconds from arrival to the request's first step, once it had one
 
 
 class TokenizeRequest(msgspec.Struct, gc=False, kw_only=True):

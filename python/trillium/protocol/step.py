@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from trillium.protocol.messages import SamplingParams
@@ -35,6 +37,9 @@ class StepInput(msgspec.Struct, gc=False, kw_only=True):
 
     requests: list[ScheduledRequest]
     finished_request_ids: list[str] = msgspec.field(default_factory=list)
+    # structured.StepBitmask when some sampling row is constrained: its masks are filled in the
+    # grammar thread while the model runs; the executor applies them before sampling.
+    bitmask: Any = None
 
 
 class StepOutput(msgspec.Struct, gc=False):

@@ -15,6 +15,14 @@ INBOX_BOUND = 256
 # Prompts waiting to be tokenized.
 TOKENIZER_INBOX_BOUND = 256
 
+# Output constraints waiting to be compiled (cache hits are answered at once).
+GRAMMAR_INBOX_BOUND = 64
+
+# Usage records waiting to be written to the ledger. The frontend admits a request only while
+# its record has a slot here (requests in flight count), so records are never dropped; a
+# full inbox means the disk is far behind and new requests get 503.
+METERING_INBOX_BOUND = 4096
+
 
 def open_inbox(bound: int) -> tuple[trio.MemorySendChannel, trio.MemoryReceiveChannel]:
     """A bounded inbox; the bound is one of the named constants above."""

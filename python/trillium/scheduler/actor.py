@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -19,6 +19,9 @@ from trillium.runtime import Actor
 from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace
 from trillium.scheduler.policy import RequestUpdate, SchedulerConfig, SchedulerPolicy
 from trillium.scheduler.request import Request
+
+if TYPE_CHECKING:
+    from trillium.structured.bitmask import BitmaskFiller, StepBitmask
 
 log = logging.getLogger("trillium.scheduler")
 
@@ -40,6 +43,7 @@ def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
         num_cached_tokens=new.num_cached_tokens,
         logprobs=None if old.logprobs is None and new.logprobs is None
         else (old.logprobs or []) + (new.logprobs or []),
+        queue_time=new.queue_time,
     )
 
 
@@ -54,10 +58,12 @@ class SchedulerActor(Actor):
         kv: KVBlockManager,
         executor: Executor,
         inbox: trio.MemoryReceiveChannel,
+        bitmask_filler: BitmaskFiller | None = None,
     ) -> None:
         self.policy = SchedulerPolicy(config, kv)
         self.executor = executor
         self.inbox = inbox
+        self.bitmask_filler = bitmask_filler  # structured output: fills masks while the model runs
         # One model step at a time: the executor owns the model and the KV tensors.
         self._step_limiter = trio.CapacityLimiter(1)
         self.num_steps = 0
@@ -108,6 +114,7 @@ class SchedulerActor(Actor):
             reply=message.reply,
             arrival_time=message.arrival_time or None,
             cache_namespace=cache_namespace(self.policy.config.model_key, message.cache_salt),
+            matcher=None if message.grammar is None else message.grammar.new_matcher(),
         )
         try:
             if max_tokens < 1:
@@ -130,6 +137,11 @@ class SchedulerActor(Actor):
             with trio.move_on_after(0.05):
                 self._apply(await self.inbox.receive())
             return
+        step_bitmask = self._begin_bitmask(plan)
+        now = time.monotonic()
+        for request, _ in plan.scheduled:
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now  # its queue time ends here (metering)
         start = time.perf_counter()
         try:
             output = await trio.to_thread.run_sync(
@@ -142,10 +154,23 @@ class SchedulerActor(Actor):
             return
         self.num_steps += 1
         self.step_seconds += time.perf_counter() - start
+        if step_bitmask is not None:
+            self.bitmask_filler.end_step(step_bitmask)  # the runner waited for the fill before sampling
         self.num_step_tokens += sum(n for _, n in plan.scheduled)
         now = time.monotonic()
         for update in self.policy.update(plan, output):
             self._deliver(update, now)
+
+    def _begin_bitmask(self, plan) -> StepBitmask | None:
+        """Start filling the masks of this step's constrained sampling rows (grammar thread)."""
+        if self.bitmask_filler is None:
+            return None
+        constrained = [(i, request.matcher) for i, ((request, _), scheduled) in
+                       enumerate(zip(plan.scheduled, plan.step_input.requests))
+                       if scheduled.sample and request.matcher is not None]
+        step_bitmask = self.bitmask_filler.begin_step(constrained, len(plan.scheduled))
+        plan.step_input.bitmask = step_bitmask
+        return step_bitmask
 
     def _deliver(self, update: RequestUpdate, now: float) -> None:
         request = update.request
@@ -153,7 +178,8 @@ class SchedulerActor(Actor):
             request.first_token_time = now
         request.reply.put(
             TokenDelta(request.request_id, update.new_token_ids, update.finish_reason, request.num_prompt_tokens,
-                       num_cached_tokens=request.num_cached_tokens or 0, logprobs=update.logprobs)
+                       update.error, num_cached_tokens=request.num_cached_tokens or 0, logprobs=update.logprobs,
+                       queue_time=request.first_scheduled_time - request.arrival_time)
         )
         if update.finish_reason is not None:
             request.reply.close()
@@ -192,4 +218,6 @@ class SchedulerActor(Actor):
             "num_steps": self.num_steps,
             "num_step_tokens": self.num_step_tokens,
             "step_seconds": round(self.step_seconds, 3),
+            "num_forced_tokens": self.policy.num_forced_tokens,
+            **(self.bitmask_filler.stats() if self.bitmask_filler is not None else {}),
         }

@@ -28,6 +28,7 @@ class SchedulerConfig:
     max_model_len: int = 8192  # prompt + output limit of one request
     eos_token_ids: frozenset[int] = frozenset()
     model_key: str = ""  # prefix-cache namespace root: the served model's identity
+    jump_forward: bool = True  # structured output: append the tokens a grammar forces without sampling
 
 
 @dataclasses.dataclass
@@ -46,6 +47,7 @@ class RequestUpdate:
     new_token_ids: list[int]
     finish_reason: FinishReason | None
     logprobs: list | None = None  # one (chosen logprob, top alternatives) per new token
+    error: str | None = None  # with FinishReason.ERROR: what went wrong
 
 
 class SchedulerPolicy:
@@ -59,6 +61,7 @@ class SchedulerPolicy:
         self.requests: dict[str, Request] = {}
         self._finished_since_last_step: list[str] = []
         self.num_preemptions = 0
+        self.num_forced_tokens = 0  # appended by jump-forward (structured output), never sampled
 
     # ---- admission and abort -------------------------------------------------------------
 
@@ -155,11 +158,15 @@ class SchedulerPolicy:
             if token_id < 0:
                 continue
             request.output_token_ids.append(token_id)
+            new_token_ids = [token_id]
             reason = self._check_stop(request, token_id)
+            error = None
+            if request.matcher is not None:
+                reason, error = self._advance_grammar(request, token_id, new_token_ids, reason)
             if reason is not None:
                 self.running.remove(request)
                 self._finish(request, reason)
-            updates.append(RequestUpdate(request, [token_id], reason, None if lp is None else [lp]))
+            updates.append(RequestUpdate(request, new_token_ids, reason, None if lp is None else [lp], error))
         return updates
 
     def fail(self, plan: StepPlan) -> list[Request]:
@@ -189,6 +196,39 @@ class SchedulerPolicy:
         request.finish_reason = reason
         del self.requests[request.request_id]
         self._finished_since_last_step.append(request.request_id)
+
+    def _advance_grammar(self, request: Request, token_id: int, new_token_ids: list[int],
+                         reason: FinishReason | None) -> tuple[FinishReason | None, str | None]:
+        """Feed the kept token to the request's grammar, then -- unless the request is done --
+        append the tokens the grammar forces (jump-forward) to its output and to ``new_token_ids``.
+        Returns the finish reason (possibly changed) and an error message.
+
+        A complete grammar ends the request with STOP, even before ``min_tokens`` or under
+        ``ignore_eos``: nothing could follow. Requests that asked for logprobs skip jump-forward
+        (a forced token has no sampled distribution to report).
+        """
+        matcher = request.matcher
+        if not matcher.accept(token_id):
+            return FinishReason.ERROR, f"the grammar rejected token {token_id}: {matcher.error}"
+        if matcher.is_terminated:
+            return FinishReason.STOP, None
+        if reason is not None or not self.config.jump_forward or request.sampling.logprobs is not None:
+            return reason, None
+        room = min(request.max_tokens - len(request.output_token_ids),
+                   self.config.max_model_len - request.num_tokens)
+        forced = matcher.forced_tokens()[:room]
+        if not forced:
+            return None, None
+        if not matcher.accept_forced(forced):
+            return FinishReason.ERROR, f"the grammar rejected its own forced tokens: {matcher.error}"
+        request.output_token_ids.extend(forced)
+        new_token_ids.extend(forced)
+        self.num_forced_tokens += len(forced)
+        if matcher.is_terminated:
+            return FinishReason.STOP, None
+        if len(request.output_token_ids) >= request.max_tokens or request.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH, None
+        return None, None
 
     def _check_stop(self, request: Request, token_id: int) -> FinishReason | None:
         sampling = request.sampling

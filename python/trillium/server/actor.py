@@ -15,6 +15,7 @@ from hypercorn.trio import serve
 
 from trillium.engine_client import EngineClient
 from trillium.runtime import Actor
+from trillium.server.accounting import Accounting
 from trillium.server.app import build_app
 
 log = logging.getLogger("trillium.server")
@@ -24,8 +25,9 @@ class FrontendActor(Actor):
     name = "frontend"
 
     def __init__(self, client: EngineClient, draining: trio.Event, *, host: str = "127.0.0.1", port: int = 8000,
-                 graceful_timeout: float = 10.0) -> None:
+                 graceful_timeout: float = 10.0, accounting: Accounting | None = None) -> None:
         self.client = client
+        self.accounting = accounting
         self.draining = draining
         self.host = host
         self.port = port
@@ -40,7 +42,7 @@ class FrontendActor(Actor):
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
         config.keep_alive_timeout = 75  # long-lived clients (openai's httpx pool) reuse connections
-        app = build_app(self.client, self.draining)
+        app = build_app(self.client, self.draining, self.accounting)
         try:
             async with trio.open_nursery() as nursery:
                 self.bound_urls = await nursery.start(

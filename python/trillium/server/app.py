@@ -11,7 +11,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from trillium.engine_client import EngineClient
+from trillium.metering.metrics import Metrics
+from trillium.server.accounting import Accounting
 from trillium.server.errors import APIError
+from trillium.server.ops_routes import OpsRoutes
 from trillium.server.routes import Routes, json_response
 
 log = logging.getLogger("trillium.server")
@@ -31,12 +34,18 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     )
 
 
-def build_app(client: EngineClient, draining: trio.Event) -> Starlette:
-    routes = Routes(client, draining)
+def build_app(client: EngineClient, draining: trio.Event, accounting: Accounting | None = None) -> Starlette:
+    """``accounting`` defaults to an open server (no keys, no ledger) with its own metrics."""
+    if accounting is None:
+        accounting = Accounting(client.model_name, Metrics(client.model_name, client.stats))
+    routes = Routes(client, draining, accounting)
+    ops = OpsRoutes(accounting)
     return Starlette(
         routes=[
             Route("/health", routes.health, methods=["GET"]),
             Route("/stats", routes.stats, methods=["GET"]),
+            Route("/metrics", ops.metrics, methods=["GET"]),
+            Route("/v1/usage", ops.usage, methods=["GET"]),
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),

@@ -6,17 +6,15 @@ ever sees token ids (llama.cpp server's rule).
 
 from __future__ import annotations
 
-import time
-import uuid
-
 import msgspec
 import trio
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from trillium.engine_client import EngineClient, EngineOverloaded, TokenizeError
 from trillium.protocol import FinishReason
 from trillium.server import sse
+from trillium.server.accounting import Accounting, RequestAccount
 from trillium.server.errors import APIError, overloaded
 from trillium.server.openai_shapes import ChoiceFanout, LogprobsFormatter, ResponseShape, error_payload
 from trillium.server.schema import (
@@ -29,7 +27,9 @@ from trillium.server.schema import (
     completion_logprobs,
     decode_body,
     sampling_params,
+    structured_param,
 )
+from trillium.structured import GrammarError
 
 # Legacy completions default to 16 tokens, as in OpenAI's API; chat defaults to the room left.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -42,9 +42,10 @@ def json_response(payload: dict, status: int = 200) -> Response:
 class Routes:
     """Handlers bound to one engine client. ``draining`` refuses new work during shutdown."""
 
-    def __init__(self, client: EngineClient, draining: trio.Event) -> None:
+    def __init__(self, client: EngineClient, draining: trio.Event, accounting: Accounting) -> None:
         self.client = client
         self.draining = draining
+        self.accounting = accounting  # API keys, tenant limits, usage records, metrics
 
     async def health(self, request: Request) -> Response:
         if self.draining.is_set():
@@ -56,6 +57,7 @@ class Routes:
         return json_response(self.client.stats())
 
     async def models(self, request: Request) -> Response:
+        self.accounting.auth.tenant(request)
         return json_response({
             "object": "list",
             "data": [{
@@ -65,6 +67,14 @@ class Routes:
         })
 
     async def chat_completions(self, request: Request) -> Response:
+        with self.accounting.admit(request, chat=True) as account:
+            return await self._chat_completions(request, account)
+
+    async def completions(self, request: Request) -> Response:
+        with self.accounting.admit(request, chat=False) as account:
+            return await self._completions(request, account)
+
+    async def _chat_completions(self, request: Request, account: RequestAccount) -> Response:
         body = decode_body(await request.body(), ChatCompletionRequest)
         self._check_model(body.model)
         messages = chat_messages(body)
@@ -73,9 +83,10 @@ class Routes:
                                    vocab_size=self.client.model_config.vocab_size, logprobs=chat_logprobs(body))
         prompt_ids = await self._tokenize(messages=messages)
         self._check_length(len(prompt_ids), sampling.max_tokens, "messages")
-        return await self._run(body, prompt_ids, sampling, chat=True)
+        sampling = self._limit_tokens(account, sampling, len(prompt_ids), body.n)
+        return await self._run(body, prompt_ids, sampling, account, chat=True)
 
-    async def completions(self, request: Request) -> Response:
+    async def _completions(self, request: Request, account: RequestAccount) -> Response:
         body = decode_body(await request.body(), CompletionRequest)
         self._check_model(body.model)
         if body.suffix:
@@ -104,13 +115,15 @@ class Routes:
                 raise APIError("prompt must not be empty", param="prompt")
             prompt_ids = await self._tokenize(prompt=prompt)
         self._check_length(len(prompt_ids), sampling.max_tokens, "prompt")
+        sampling = self._limit_tokens(account, sampling, len(prompt_ids), body.n)
         echo = None
         if body.echo:
             echo = prompt if isinstance(prompt, str) else self.client.tokenizer.decode(prompt_ids)
-        return await self._run(body, prompt_ids, sampling, chat=False, echo=echo)
+        return await self._run(body, prompt_ids, sampling, account, chat=False, echo=echo)
 
     async def tokenize(self, request: Request) -> Response:
         """vLLM's ``POST /tokenize``: ``{prompt | messages}`` -> ``{count, max_model_len, tokens}``."""
+        self.accounting.auth.tenant(request)
         body = decode_body(await request.body(), TokenizeBody)
         self._check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
@@ -124,6 +137,7 @@ class Routes:
 
     async def detokenize(self, request: Request) -> Response:
         """vLLM's ``POST /detokenize``: ``{tokens}`` -> ``{prompt}``."""
+        self.accounting.auth.tenant(request)
         body = decode_body(await request.body(), DetokenizeBody)
         self._check_model(body.model)
         vocab = self.client.model_config.vocab_size
@@ -149,6 +163,15 @@ class Routes:
         except TokenizeError as exc:
             raise APIError(f"could not build the prompt: {exc}", param="messages") from None
 
+    async def _compile_grammar(self, body, constraint):
+        """Compile the request's output constraint (each choice gets its own matcher from it)."""
+        try:
+            return await self.client.compile_grammar(constraint)
+        except GrammarError as exc:
+            raise APIError(str(exc), param=structured_param(body), code="invalid_grammar") from None
+        except EngineOverloaded as exc:
+            raise overloaded(str(exc)) from None
+
     def _check_length(self, num_prompt_tokens: int, max_tokens: int | None, param: str) -> None:
         limit = self.client.max_model_len
         wanted = num_prompt_tokens + (max_tokens or 1)
@@ -160,30 +183,41 @@ class Routes:
                 code="context_length_exceeded",
             )
 
-    async def _run(self, body, prompt_ids: list[int], sampling, *, chat: bool, echo: str | None = None) -> Response:
-        prefix = "chatcmpl" if chat else "cmpl"
-        request_id = f"{prefix}-{uuid.uuid4().hex}"
+    def _limit_tokens(self, account: RequestAccount, sampling, num_prompt_tokens: int, n: int):
+        """The tenant's token limits, before the scheduler sees the request (429)."""
+        return account.limit_tokens(sampling, num_prompt_tokens, n, self.client.max_model_len - num_prompt_tokens)
+
+    async def _run(self, body, prompt_ids: list[int], sampling, account: RequestAccount, *, chat: bool,
+                   echo: str | None = None) -> Response:
+        request_id = account.request_id
         if body.cache_salt is not None and not body.cache_salt:
             raise APIError("cache_salt must be a non-empty string", param="cache_salt")
+        grammar = None
+        if sampling.structured is not None:
+            grammar = await self._compile_grammar(body, sampling.structured)
 
         def open_choice(i: int):
             choice_sampling = sampling
             if i > 0 and sampling.seed is not None:
                 choice_sampling = msgspec.structs.replace(sampling, seed=sampling.seed + i)
             choice_id = request_id if i == 0 else f"{request_id}-{i}"
-            return self.client.open_stream(choice_id, prompt_ids, choice_sampling, cache_salt=body.cache_salt)
+            return self.client.open_stream(choice_id, prompt_ids, choice_sampling, cache_salt=body.cache_salt,
+                                           grammar=grammar)
 
         try:
             fanout = ChoiceFanout(open_choice, body.n)
         except EngineOverloaded as exc:
             raise overloaded(str(exc)) from None
+        account.fanout = fanout
         formatter = LogprobsFormatter(self.client.tokenizer, chat) if sampling.logprobs is not None else None
         shape = ResponseShape(request_id, self.client.model_name, chat, formatter)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_sse_body(fanout, shape, include_usage, echo), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await _full_response(fanout, shape, echo)
+            return account.streaming_response(_sse_body(fanout, shape, include_usage, echo, account),
+                                              media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        response = await _full_response(fanout, shape, echo)
+        account.http_status = response.status_code
+        return response
 
 
 class _ChoiceLogprobs:
@@ -239,8 +273,11 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: str |
     return json_response(shape.full(choices, fanout.usage()))
 
 
-async def _sse_body(fanout: ChoiceFanout, shape: ResponseShape, include_usage: bool, echo: str | None):
-    """SSE events of one request. No awaits in ``finally``: a cancelled generator can't await."""
+async def _sse_body(fanout: ChoiceFanout, shape: ResponseShape, include_usage: bool, echo: str | None,
+                    account: RequestAccount):
+    """SSE events of one request. No awaits in ``finally``: a cancelled generator can't await.
+    The account is finished before the last events, so that a client that has read ``[DONE]``
+    finds the request in the metrics and the ledger."""
     n = fanout.n
     started = [False] * n
     logprobs = [_ChoiceLogprobs(shape.logprobs, len(echo or "")) if shape.logprobs else None for _ in range(n)]
@@ -271,6 +308,7 @@ async def _sse_body(fanout: ChoiceFanout, shape: ResponseShape, include_usage: b
             if out.text or reason is not None or lp:
                 yield sse.event(shape.chunk(i, out.text if out.text else None,
                                             reason.openai_name if reason is not None else None, logprobs=lp))
+        account.finish()
         if include_usage:
             yield sse.event(shape.usage_chunk(fanout.usage()))
         yield sse.DONE

@@ -6,9 +6,11 @@ and range-checked here, each failure naming its field.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
-from trillium.protocol import SamplingParams
+from trillium.protocol import SamplingParams, StructuredOutputs
 from trillium.server.errors import APIError
 
 MAX_STOP_STRINGS = 16
@@ -29,6 +31,30 @@ class ContentPart(msgspec.Struct):
 class ChatMessage(msgspec.Struct):
     role: str
     content: str | list[ContentPart] | None = None
+
+
+class JSONSchemaFormat(msgspec.Struct, kw_only=True):
+    """OpenAI ``response_format.json_schema``. ``strict`` is accepted; the schema is always enforced."""
+
+    name: str | None = None
+    description: str | None = None
+    schema_: Any = msgspec.field(default=None, name="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    """OpenAI ``response_format``: ``text``, ``json_object`` or ``json_schema``."""
+
+    type: str
+    json_schema: JSONSchemaFormat | None = None
+
+
+class StructuredOutputsBody(StructuredOutputs, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's ``structured_outputs``; the two flags are accepted because they describe what we always
+    do (no fallback engine, no free whitespace in JSON). Any other unknown field is a 400."""
+
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
 
 
 class _Common(msgspec.Struct, kw_only=True):
@@ -55,6 +81,8 @@ class _Common(msgspec.Struct, kw_only=True):
     repetition_penalty: float | None = None  # vLLM extension
     min_tokens: int = 0  # vLLM extension
     cache_salt: str | None = None  # vLLM extension: a tenant's private prefix-cache namespace
+    response_format: ResponseFormat | None = None  # OpenAI structured output
+    structured_outputs: StructuredOutputsBody | None = None  # vLLM structured output
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
@@ -168,8 +196,46 @@ def sampling_params(request: _Common, max_tokens: int | None, default_max_tokens
         logit_bias=_logit_bias(request.logit_bias, vocab_size),
         min_tokens=request.min_tokens,
         logprobs=logprobs,
+        structured=structured_constraint(request),
         **penalties,
     )
+
+
+_STRUCTURED_FIELDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+def structured_constraint(request: _Common) -> StructuredOutputs | None:
+    """The output constraint of ``response_format`` or ``structured_outputs`` (not both), or None.
+    Only the shape is checked here; the grammar actor compiles it (and names what is wrong)."""
+    rf, so = request.response_format, request.structured_outputs
+    if rf is not None and rf.type != "text" and so is not None:
+        raise APIError("response_format and structured_outputs cannot be used together", param="structured_outputs")
+    if so is not None:
+        fields = [f for f in _STRUCTURED_FIELDS if getattr(so, f) not in (None, False)]
+        if len(fields) != 1:
+            raise APIError("structured_outputs needs exactly one of json, regex, choice, grammar, json_object; got "
+                           f"{fields or 'none'}", param="structured_outputs")
+        return StructuredOutputs(json=so.json, regex=so.regex, choice=so.choice, grammar=so.grammar,
+                                 json_object=so.json_object)
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return StructuredOutputs(json_object=True)
+    if rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise APIError("response_format.json_schema.schema is required", param="response_format.json_schema.schema")
+        return StructuredOutputs(json=rf.json_schema.schema_)
+    raise APIError(f"response_format.type must be text, json_object or json_schema, got {rf.type!r}",
+                   param="response_format.type")
+
+
+def structured_param(request: _Common) -> str:
+    """The request field a compile error of :func:`structured_constraint`'s result points at."""
+    so = request.structured_outputs
+    if so is not None:
+        kind = next(f for f in _STRUCTURED_FIELDS if getattr(so, f) not in (None, False))
+        return f"structured_outputs.{kind}"
+    return "response_format.json_schema.schema" if request.response_format.type == "json_schema" else "response_format"
 
 
 def chat_logprobs(request: ChatCompletionRequest) -> int | None:

@@ -1,0 +1,169 @@
+"""MeteringActor: writes every :class:`UsageRecord` to the ledger (and the request log) in batches.
+
+The frontend never waits on the disk: it hands records over with a synchronous, non-blocking
+send (:meth:`UsageSink.send`), and the actor writes whatever has piled up since its last write
+in one transaction, in its own worker thread. Under load the batches simply grow.
+
+No record is lost: the inbox holds :data:`~trillium.runtime.METERING_INBOX_BOUND` records and
+the frontend admits a request only while a slot is free for its record
+(:meth:`UsageSink.has_room`), counting the requests in flight, so ``send`` never finds the inbox
+full. The supervisor stops this actor after the actors that feed it (a *sink*):
+:meth:`MeteringActor.stop` makes it write what is queued and return.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from trillium.metering.ledger import Ledger
+from trillium.protocol.usage import UsageQuery, UsageRecord
+from trillium.runtime import METERING_INBOX_BOUND, Actor, open_inbox
+
+log = logging.getLogger("trillium.metering")
+
+# How long a final flush (shutdown) may take before records are given up with an error log.
+FLUSH_TIMEOUT = 10.0
+
+
+class UsageSink:
+    """The frontend's end of the metering actor's inbox. Runs on the event loop only."""
+
+    def __init__(self, send: trio.MemorySendChannel, bound: int) -> None:
+        self._send = send
+        self._bound = bound
+        self.num_in_flight = 0  # admitted requests whose record has not been sent yet
+
+    def has_room(self) -> bool:
+        """Whether one more request may be admitted: its record will have a slot in the inbox."""
+        return self.num_in_flight + self._send.statistics().current_buffer_used < self._bound
+
+    def admit(self) -> None:
+        self.num_in_flight += 1
+
+    def send(self, record: UsageRecord) -> None:
+        """Hand over the record of a request that :meth:`admit` counted. Never blocks or fails
+        while the actor runs (its slot was reserved); after shutdown the record is logged."""
+        self.num_in_flight -= 1
+        try:
+            self._send.send_nowait(record)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            log.error("usage record lost (metering stopped): %s", record)
+
+    async def query(self, query: UsageQuery) -> list:
+        """Per-tenant totals, after every record sent before this call has been written."""
+        if not self.has_room():  # the free slots belong to the records of requests in flight
+            raise RuntimeError("the usage ledger is busy; retry")
+        send, recv = trio.open_memory_channel(1)
+        query.reply = send
+        self._send.send_nowait(query)
+        async with recv:
+            result = await recv.receive()
+        if isinstance(result, str):
+            raise RuntimeError(result)
+        return result
+
+
+class MeteringActor(Actor):
+    """Owns the ledger (optional) and the request log (optional); the only writer of both."""
+
+    name = "metering"
+
+    def __init__(self, ledger_path: str | None, request_log: Callable[[list[UsageRecord]], None] | None = None,
+                 bound: int = METERING_INBOX_BOUND) -> None:
+        self.ledger_path = ledger_path
+        self.request_log = request_log
+        send, self._inbox = open_inbox(bound)
+        self.sink = UsageSink(send, bound)
+        self._ledger: Ledger | None = None
+        self._writer = trio.CapacityLimiter(1)  # one ledger call at a time (sqlite connection)
+        self._wait_scope: trio.CancelScope | None = None
+        self._stopping = False
+        self.num_written = 0
+        self.num_batches = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if self.ledger_path is not None:
+            self._ledger = await trio.to_thread.run_sync(Ledger, self.ledger_path, limiter=self._writer)
+            log.info("usage ledger: %s", self.ledger_path)
+        task_status.started()
+        try:
+            while not self._stopping:
+                items = []
+                with trio.CancelScope() as self._wait_scope:  # stop() cancels only this wait
+                    items.append(await self._inbox.receive())
+                # Shielded: what has left the inbox must reach the disk even when a cancellation
+                # arrives meanwhile; the next receive() is where cancellation takes effect.
+                with trio.CancelScope(shield=True):
+                    await self._handle(items + self._drain())
+        finally:
+            # Whatever is queued now goes to disk, even if we are being cancelled.
+            with trio.CancelScope(shield=True), trio.move_on_after(FLUSH_TIMEOUT) as scope:
+                await self._handle(self._drain())
+                if self._ledger is not None:
+                    await trio.to_thread.run_sync(self._ledger.close, limiter=self._writer)
+            if scope.cancelled_caught:
+                log.error("metering: final flush did not finish in %.0fs", FLUSH_TIMEOUT)
+
+    def stop(self) -> None:
+        """Write what is queued and return from :meth:`run` (the feeding actors are done)."""
+        self._stopping = True
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+
+    def stats(self) -> dict:
+        return {"num_usage_records_written": self.num_written, "num_usage_batches": self.num_batches}
+
+    def _drain(self) -> list:
+        items = []
+        while True:
+            try:
+                items.append(self._inbox.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return items
+
+    async def _handle(self, items: list) -> None:
+        """Write the records in ``items``, answering each query after the records before it."""
+        records: list[UsageRecord] = []
+        for item in items:
+            if isinstance(item, UsageQuery):
+                await self._write(records)
+                records = []
+                await self._answer(item)
+            else:
+                records.append(item)
+        await self._write(records)
+
+    async def _write(self, records: list[UsageRecord]) -> None:
+        if not records:
+            return
+        try:
+            await trio.to_thread.run_sync(self._write_sync, records, limiter=self._writer)
+        except Exception:
+            log.exception("metering: could not write %d usage records", len(records))
+            return
+        self.num_written += len(records)
+        self.num_batches += 1
+
+    def _write_sync(self, records: list[UsageRecord]) -> None:
+        if self._ledger is not None:
+            self._ledger.write(records)
+        if self.request_log is not None:
+            self.request_log(records)
+
+    async def _answer(self, query: UsageQuery) -> None:
+        if self._ledger is None:
+            result = "no usage ledger is configured"
+        else:
+            try:
+                result = await trio.to_thread.run_sync(self._ledger.totals, query.since, query.until, query.tenant,
+                                                       limiter=self._writer)
+            except Exception as exc:
+                log.exception("metering: usage query failed")
+                result = f"usage query failed: {exc}"
+        try:
+            query.reply.send_nowait(result)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the asker went away

@@ -1,0 +1,123 @@
+"""Prometheus metrics (``GET /metrics``), named as vLLM's with the ``trillium:`` prefix.
+
+Request histograms and token counters are updated by the frontend when a request finishes
+(:meth:`Metrics.observe`, a few microseconds); the scheduler's gauges and counters are read
+from its ``stats()`` at scrape time. One :class:`CollectorRegistry` per server, so several
+servers (or tests) in one process do not share series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from trillium.protocol.usage import REJECTED, UsageRecord
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+# vLLM's buckets, so that dashboards built for it read ours the same way.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0)
+# request_success_total{finished_reason}: vLLM's label values.
+FINISHED_REASONS = ("stop", "length", "abort")
+
+
+class _SchedulerCollector:
+    """Reads the scheduler's counters when Prometheus scrapes."""
+
+    def __init__(self, stats: Callable[[], dict], model_name: str) -> None:
+        self._stats = stats
+        self._labels = [model_name]
+
+    def collect(self) -> Iterable:
+        stats = self._stats()
+        for name, key, doc in (
+            ("num_requests_running", "num_requests_running", "Requests holding KV blocks and decoding."),
+            ("num_requests_waiting", "num_requests_waiting", "Requests waiting for admission."),
+            ("kv_cache_usage_perc", "kv_cache_usage_perc", "Fraction of KV blocks held by requests (0-1)."),
+        ):
+            gauge = GaugeMetricFamily(f"trillium:{name}", doc, labels=["model_name"])
+            gauge.add_metric(self._labels, float(stats.get(key, 0)))
+            yield gauge
+        preemptions = CounterMetricFamily("trillium:num_preemptions", "Requests preempted (recompute).",
+                                          labels=["model_name"])
+        preemptions.add_metric(self._labels, float(stats.get("num_preemptions", 0)))
+        yield preemptions
+
+
+class Metrics:
+    """The server's metrics registry and the instruments the frontend updates."""
+
+    def __init__(self, model_name: str, scheduler_stats: Callable[[], dict]) -> None:
+        self.registry = r = CollectorRegistry()
+        m = [model_name]
+        self.ttft = Histogram("trillium:time_to_first_token_seconds", "Request received to first token.",
+                              ["model_name"], buckets=TTFT_BUCKETS, registry=r).labels(*m)
+        self.itl = Histogram("trillium:inter_token_latency_seconds", "Time between consecutive output tokens.",
+                             ["model_name"], buckets=ITL_BUCKETS, registry=r).labels(*m)
+        self.e2e = Histogram("trillium:e2e_request_latency_seconds", "Request received to finished.",
+                             ["model_name"], buckets=REQUEST_BUCKETS, registry=r).labels(*m)
+        self.queue = Histogram("trillium:request_queue_time_seconds", "Time waiting for the scheduler's first step.",
+                               ["model_name"], buckets=REQUEST_BUCKETS, registry=r).labels(*m)
+        self.prompt_tokens = Counter("trillium:prompt_tokens", "Prompt tokens of finished requests.",
+                                     ["model_name"], registry=r).labels(*m)
+        self.generation_tokens = Counter("trillium:generation_tokens", "Generated tokens of finished requests.",
+                                         ["model_name"], registry=r).labels(*m)
+        self.cache_queries = Counter("trillium:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                     ["model_name"], registry=r).labels(*m)
+        self.cache_hits = Counter("trillium:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
+                                  ["model_name"], registry=r).labels(*m)
+        success = Counter("trillium:request_success", "Finished requests by finish reason.",
+                          ["model_name", "finished_reason"], registry=r)
+        self.success = {reason: success.labels(model_name, reason) for reason in FINISHED_REASONS}
+        self.failure = Counter("trillium:request_failure", "Requests the engine or the handler failed.",
+                               ["model_name"], registry=r).labels(*m)
+        self.tenant_requests = Counter("trillium:tenant_requests", "Admitted requests per tenant and outcome.",
+                                       ["tenant", "status"], registry=r)
+        self.tenant_prompt_tokens = Counter("trillium:tenant_prompt_tokens", "Prompt tokens per tenant.",
+                                            ["tenant"], registry=r)
+        self.tenant_generation_tokens = Counter("trillium:tenant_generation_tokens", "Generated tokens per tenant.",
+                                                ["tenant"], registry=r)
+        self.tenant_rejected = Counter("trillium:tenant_rate_limited_requests",
+                                       "Requests refused with 429, per tenant and limit.", ["tenant", "limit"],
+                                       registry=r)
+        r.register(_SchedulerCollector(scheduler_stats, model_name))
+
+    def observe(self, record: UsageRecord, streams: Iterable) -> None:
+        """Count one finished request; ``streams`` are its choices' RequestStreams (for the
+        inter-token intervals and prefix-cache counts)."""
+        self.tenant_requests.labels(record.tenant, record.status).inc()
+        if record.status == REJECTED:
+            return
+        self.tenant_prompt_tokens.labels(record.tenant).inc(record.prompt_tokens)
+        self.tenant_generation_tokens.labels(record.tenant).inc(record.completion_tokens)
+        self.prompt_tokens.inc(record.prompt_tokens)
+        self.generation_tokens.inc(record.completion_tokens)
+        self.e2e.observe(record.e2e)
+        if record.ttft is not None:
+            self.ttft.observe(record.ttft)
+        if record.queue_time is not None:
+            self.queue.observe(record.queue_time)
+        for stream in streams:
+            self.cache_queries.inc(stream.num_prompt_tokens)
+            self.cache_hits.inc(stream.num_cached_tokens)
+            for seconds in stream.inter_token_seconds:
+                self.itl.observe(seconds)
+        success = self.success.get(record.finish_reason or "")
+        if success is not None:
+            success.inc()
+        else:
+            self.failure.inc()
+
+    def rate_limited(self, tenant: str, limit: str) -> None:
+        self.tenant_rejected.labels(tenant, limit).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,156 @@
+"""Tenants, API keys and limits from a TOML file (``trillium serve --config FILE``).
+
+::
+
+    [ledger]
+    path = "usage.sqlite"           # relative to this file; the default
+
+    [admin]
+    keys = ["sha256:9f86d0..."]     # may read GET /v1/usage
+
+    [tenants.acme]
+    keys = ["sha256:5e8848..."]     # one or more; `trillium hash-key` prints new ones
+    requests_per_minute = 600       # every limit is optional (absent = unlimited)
+    tokens_per_minute = 200000      # prompt + completion
+    max_concurrent_requests = 16
+    max_tokens_per_request = 8192   # prompt + completion (all choices)
+
+The file holds SHA-256 hashes of keys, never keys: a key is a random string the server hashes
+on each request. Errors name the offending entry (``tenants.acme.keys[0]``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import sys
+from typing import Annotated, Any
+
+import msgspec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+_HASH = re.compile(r"(?:sha256:)?([0-9a-fA-F]{64})")
+KEY_PREFIX = "sk-trl-"
+
+
+def hash_key(key: str) -> str:
+    """The form a key takes in the config file: ``sha256:<hex digest of its UTF-8 bytes>``."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    """A fresh random API key (256 bits)."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+class TenantLimits(msgspec.Struct, kw_only=True, frozen=True):
+    requests_per_minute: Positive | None = None
+    tokens_per_minute: Positive | None = None
+    max_concurrent_requests: Positive | None = None
+    max_tokens_per_request: Positive | None = None
+
+
+class _Tenant(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    keys: list[str]
+    requests_per_minute: Positive | None = None
+    tokens_per_minute: Positive | None = None
+    max_concurrent_requests: Positive | None = None
+    max_tokens_per_request: Positive | None = None
+
+
+class _Admin(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    keys: list[str] = msgspec.field(default_factory=list)
+
+
+class _Ledger(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    path: str = "usage.sqlite"
+
+
+class _File(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # Each tenant is converted on its own: msgspec's error paths say `tenants[...]` for a dict
+    # value, and an error must name the tenant.
+    tenants: dict[str, Any]
+    admin: _Admin = msgspec.field(default_factory=_Admin)
+    ledger: _Ledger = msgspec.field(default_factory=_Ledger)
+
+
+class AccessConfig(msgspec.Struct, kw_only=True, frozen=True):
+    """The validated file: ``key_hashes`` maps each key's hex digest to its tenant's name."""
+
+    limits: dict[str, TenantLimits]
+    key_hashes: dict[str, str]
+    admin_key_hashes: frozenset[str]
+    ledger_path: str
+
+
+class ConfigError(ValueError):
+    """The config file is unreadable or invalid; the message names the file and the entry."""
+
+
+def parse_hash(value: str, where: str) -> str:
+    match = _HASH.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise ConfigError(f"{where}: expected a SHA-256 key hash like 'sha256:<64 hex digits>' "
+                          "(run `trillium hash-key`), not a key")
+    return match.group(1).lower()
+
+
+def load_access_config(path: str) -> AccessConfig:
+    """Read and validate ``path``. Raises :class:`ConfigError`."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return parse_access_config(raw, base_dir=os.path.dirname(os.path.abspath(path)), source=path)
+
+
+def _convert(raw: Any, kind: type, source: str, where: str = ""):
+    """``msgspec.convert`` whose error names the entry: `tenants.acme.keys[0]`, not `$...`."""
+    try:
+        return msgspec.convert(raw, kind)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        if " - at `$" in text:
+            text = text.replace("`$.", f"`{where}." if where else "`")
+        elif where:  # an error at the root of ``raw``: msgspec gives no path
+            text += f" - at `{where}`"
+        raise ConfigError(f"{source}: {text}") from None
+
+
+def parse_access_config(raw: dict, *, base_dir: str, source: str = "config") -> AccessConfig:
+    file = _convert(raw, _File, source)
+    if not file.tenants:
+        raise ConfigError(f"{source}: [tenants] must name at least one tenant")
+    owners: dict[str, str] = {}
+    admin = set()
+    for i, value in enumerate(file.admin.keys):
+        admin.add(parse_hash(value, f"{source}: admin.keys[{i}]"))
+    limits = {}
+    for name, value in file.tenants.items():
+        tenant = _convert(value, _Tenant, source, f"tenants.{name}")
+        if not tenant.keys:
+            raise ConfigError(f"{source}: tenants.{name}.keys must list at least one key hash")
+        for i, entry in enumerate(tenant.keys):
+            digest = parse_hash(entry, f"{source}: tenants.{name}.keys[{i}]")
+            if digest in owners or digest in admin:
+                other = owners.get(digest, "admin")
+                raise ConfigError(f"{source}: tenants.{name}.keys[{i}] is also a key of {other}")
+            owners[digest] = name
+        limits[name] = TenantLimits(
+            requests_per_minute=tenant.requests_per_minute, tokens_per_minute=tenant.tokens_per_minute,
+            max_concurrent_requests=tenant.max_concurrent_requests,
+            max_tokens_per_request=tenant.max_tokens_per_request,
+        )
+    return AccessConfig(limits=limits, key_hashes=owners, admin_key_hashes=frozenset(admin),
+                        ledger_path=os.path.join(base_dir, file.ledger.path))

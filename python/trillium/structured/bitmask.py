@@ -1,0 +1,116 @@
+"""A step's token bitmasks, filled in the grammar thread while the model runs.
+
+::
+
+    event loop     schedule ─ begin_step() ─┐                             ┌─ update(): matchers accept
+    grammar thread                          └─ fill masks (llguidance) ─┐ │           the new tokens
+    model thread                    forward pass ─ logits ─ wait ───────┴─ apply mask ─ sample
+
+:meth:`BitmaskFiller.begin_step` only submits work and returns at once; the runner calls
+:meth:`StepBitmask.apply` after computing the logits, which waits for the fill (usually long
+done) and masks the constrained rows in place through the C++ kernel. Matchers are touched by
+the grammar thread only between ``begin_step`` and the runner's wait, and by the event loop only
+after the step returned, so they need no lock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import llguidance
+import torch
+
+from trillium.ops.token_bitmask import apply_token_bitmask, bitmask_words
+from trillium.structured.matcher import GrammarMatcher
+
+
+class StepBitmask:
+    """The masks of one step. ``rows[i]`` is the bitmask row of the step's i-th scheduled request,
+    or -1 when it is unconstrained or does not sample this step."""
+
+    def __init__(self, tensor: torch.Tensor, rows: list[int], future: Future) -> None:
+        self.tensor = tensor  # [num_constrained, W] int32: a view of the filler's buffer
+        self.rows = rows
+        self._future = future
+        self.wait_seconds = 0.0  # how long the runner waited for the fill
+
+    def wait(self) -> None:
+        """Block until the fill is done; re-raises its error."""
+        if not self._future.done():
+            start = time.perf_counter()
+            self._future.result()
+            self.wait_seconds = time.perf_counter() - start
+        else:
+            self._future.result()
+
+    def apply(self, logits: torch.Tensor, request_rows: list[int]) -> None:
+        """Mask ``logits`` [S, V] in place; row j belongs to scheduled request ``request_rows[j]``."""
+        self.wait()
+        mask_rows = torch.tensor([self.rows[i] for i in request_rows], dtype=torch.int32)
+        apply_token_bitmask(logits, self.tensor, mask_rows)
+
+
+class BitmaskFiller:
+    """Owns the preallocated bitmask buffer and the grammar thread. One step at a time."""
+
+    def __init__(self, max_rows: int, vocab_size: int, num_threads: int | None = None) -> None:
+        self.vocab_size = vocab_size
+        self.buffer = torch.full((max_rows, bitmask_words(vocab_size)), -1, dtype=torch.int32)  # [R, W]
+        # llguidance's own pool computes the rows in parallel; the model thread keeps the rest.
+        threads = num_threads or max(1, min(8, (os.cpu_count() or 2) // 2))
+        self._executor = llguidance.LLExecutor(num_threads=threads)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._last: Future | None = None
+        self.num_steps = 0
+        self.num_rows = 0
+        self.fill_seconds = 0.0  # time spent filling masks (overlapped with the forward pass)
+        self.wait_seconds = 0.0  # time the runner waited for them (not overlapped)
+
+    def begin_step(self, constrained: list[tuple[int, GrammarMatcher]], num_requests: int) -> StepBitmask | None:
+        """Start filling masks for ``constrained`` = [(index among the step's requests, matcher)].
+        Returns None when there is nothing to fill. Never blocks except after a failed step whose
+        fill is still running (the buffer is reused)."""
+        if self._last is not None:
+            self._last.exception()  # wait without raising: that step already failed or succeeded
+            self._last = None
+        if not constrained:
+            return None
+        rows = [-1] * num_requests
+        jobs = []
+        for row, (index, matcher) in enumerate(constrained):
+            rows[index] = row
+            jobs.append((matcher.ll_matcher, row))
+        tensor = self.buffer[: len(constrained)]
+        future = self._thread.submit(self._fill, jobs, tensor)
+        self._last = future
+        self.num_steps += 1
+        self.num_rows += len(jobs)
+        return StepBitmask(tensor, rows, future)
+
+    def end_step(self, step: StepBitmask | None) -> None:
+        """Account for a finished step. The matchers are the event loop's again once the fill is
+        done; the runner waited for it before sampling, so this normally returns at once."""
+        if step is None:
+            return
+        step._future.exception()
+        if self._last is step._future:
+            self._last = None
+        self.wait_seconds += step.wait_seconds
+
+    def _fill(self, jobs: list[tuple[llguidance.LLMatcher, int]], tensor: torch.Tensor) -> None:
+        start = time.perf_counter()
+        self._executor.unsafe_compute_mask_ptr(jobs, tensor.data_ptr(), tensor.shape[1] * 4, tensor.shape[0])
+        self.fill_seconds += time.perf_counter() - start
+
+    def stats(self) -> dict:
+        return {
+            "grammar_steps": self.num_steps,
+            "grammar_masks": self.num_rows,
+            "grammar_fill_seconds": round(self.fill_seconds, 4),
+            "grammar_wait_seconds": round(self.wait_seconds, 4),
+        }
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False)

@@ -1,0 +1,235 @@
+"""Structured output without the model: the compiler (cache, errors), the grammar actor (messages,
+time limit), and the scheduler with a masking fake executor over the real tokenizer -- EOS only
+where the grammar may end, max_tokens mid-structure, jump-forward, constrained and free requests
+in one step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import trio
+
+from trillium import _core
+from trillium.models import default_model_path
+from trillium.protocol import (
+    AddRequest,
+    CompileGrammar,
+    FinishReason,
+    SamplingParams,
+    StepInput,
+    StepOutput,
+    StructuredOutputs,
+)
+from trillium.runtime import Mailbox, open_inbox
+from trillium.scheduler import SchedulerConfig
+from trillium.scheduler.actor import SchedulerActor, merge_deltas
+from trillium.scheduler.kv_manager import KVBlockManager
+from trillium.structured import BitmaskFiller, GrammarCompiler, GrammarError, build_ll_tokenizer
+from trillium.structured.actor import GrammarActor
+from trillium.tokenizer import load_tokenizer
+
+BLOCK = 4
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(default_model_path())
+
+
+@pytest.fixture(scope="module")
+def compiler(tok):
+    return GrammarCompiler(build_ll_tokenizer(tok, tok.vocab_size))
+
+
+# ---- compiler ---------------------------------------------------------------------------------
+
+
+def test_cache_is_keyed_by_content(compiler):
+    a = compiler.compile(StructuredOutputs(json=PERSON))
+    hits = compiler.num_cache_hits
+    same = compiler.compile(StructuredOutputs(json=json.dumps(PERSON, indent=2)))  # text, other whitespace
+    assert same is a and compiler.num_cache_hits == hits + 1
+    reordered = dict(reversed(list(PERSON.items())))  # key order is generation order: a different grammar
+    assert compiler.compile(StructuredOutputs(json=reordered)) is not a
+
+def test_matchers_are_independent(compiler, tok):
+    grammar = compiler.compile(StructuredOutputs(json=PERSON))
+    m1, m2 = grammar.new_matcher(), grammar.new_matcher()
+    assert all(m1.accept(t) for t in tok.encode('{"name":"Al","age":3}'))
+    assert m1.is_terminated
+    assert all(m2.accept(t) for t in tok.encode('{"name":"Bo"'))  # m2 still starts from scratch
+    assert not m2.accept(tok.encode("}")[0]) and m2.error  # "age" is required
+
+
+def test_cache_evicts_least_recently_used(tok):
+    small = GrammarCompiler(build_ll_tokenizer(tok, tok.vocab_size), cache_size=2)
+    first = small.compile(StructuredOutputs(regex="a+"))
+    small.compile(StructuredOutputs(regex="b+"))
+    small.compile(StructuredOutputs(regex="a+"))  # refreshes a+
+    small.compile(StructuredOutputs(regex="c+"))  # evicts b+
+    assert small.cached(StructuredOutputs(regex="a+")) is first
+    assert small.cached(StructuredOutputs(regex="b+")) is None
+
+
+@pytest.mark.parametrize("constraint,message", [
+    (StructuredOutputs(json={"type": "foo"}), "Invalid type"),
+    (StructuredOutputs(json={"properties": {"a": {"$ref": "#/nope"}}}), "/nope"),
+    (StructuredOutputs(json={"not": {"type": "string"}}), "not"),  # unsupported keyword
+    (StructuredOutputs(json={"type": "string", "format": "no-such-format"}), "no-such-format"),
+    (StructuredOutputs(json="{not json"), "not valid JSON"),
+    (StructuredOutputs(json=[1, 2]), "must be an object"),
+    (StructuredOutputs(regex="a(b"), "unclosed group"),
+    (StructuredOutputs(grammar="start: (("), "grammar"),
+    (StructuredOutputs(choice=[]), "non-empty"),
+    (StructuredOutputs(regex="a", choice=["a"]), "exactly one"),
+])
+def test_bad_constraints_raise_naming_the_problem(compiler, constraint, message):
+    with pytest.raises(GrammarError, match=message):
+        compiler.compile(constraint)
+
+
+def test_gbnf_grammar_is_accepted(compiler, tok):
+    matcher = compiler.compile(StructuredOutputs(grammar='root ::= "yes" | "no"')).new_matcher()
+    assert all(matcher.accept(t) for t in tok.encode("no"))
+    assert matcher.is_accepting
+
+
+# ---- grammar actor ----------------------------------------------------------------------------
+
+
+async def test_actor_compiles_caches_and_times_out(compiler):
+    send, recv = open_inbox(4)
+    actor = GrammarActor(compiler, recv)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.run)
+
+        async def ask(constraint):
+            reply_send, reply_recv = trio.open_memory_channel(1)
+            await send.send(CompileGrammar(constraint=constraint, reply=reply_send))
+            return await reply_recv.receive()
+
+        ok = await ask(StructuredOutputs(regex=r"\d{3}"))
+        assert ok.error is None and ok.grammar.kind == "regex"
+        again = await ask(StructuredOutputs(regex=r"\d{3}"))
+        assert again.grammar is ok.grammar
+        bad = await ask(StructuredOutputs(json={"type": "foo"}))
+        assert bad.grammar is None and "Invalid type" in bad.error
+        actor.timeout_s = 0.0  # every compile that is not a cache hit is now over the limit
+        slow = await ask(StructuredOutputs(regex=r"[a-z]{2,40}@example\.com"))
+        assert slow.grammar is None and "longer than" in slow.error
+        assert actor.stats()["grammar_compile_timeouts"] == 1
+        assert (await ask(StructuredOutputs(regex=r"\d{3}"))).grammar is ok.grammar  # hits skip the limit
+        nursery.cancel_scope.cancel()
+
+
+# ---- scheduler + masks --------------------------------------------------------------------------
+
+
+class MaskingExecutor:
+    """Plays the runner's part around the bitmask: fake logits that rank tokens by a fixed
+    preference (EOS first when ``prefer_eos``, then ascending ids), the step's masks applied
+    through the real kernel, argmax. Records the mask row of every sampling request."""
+
+    def __init__(self, vocab: int, eos: int, prefer_eos: bool = True) -> None:
+        self.vocab = vocab
+        self.eos = eos
+        self.prefer_eos = prefer_eos
+        self.mask_rows: list[dict[str, int]] = []
+
+    def execute(self, step_input: StepInput) -> StepOutput:
+        rows = [i for i, r in enumerate(step_input.requests) if r.sample]
+        logits = -torch.arange(self.vocab, dtype=torch.float32).repeat(len(rows), 1) / self.vocab  # [S, V]
+        if self.prefer_eos:
+            logits[:, self.eos] = 10.0
+        seen = {}
+        if step_input.bitmask is not None:
+            step_input.bitmask.apply(logits, rows)
+            seen = {step_input.requests[i].request_id: step_input.bitmask.rows[i] for i in rows}
+        self.mask_rows.append(seen)
+        out = [-1] * len(step_input.requests)
+        for j, i in enumerate(rows):
+            out[i] = int(logits[j].argmax())
+        return StepOutput(out)
+
+
+async def run_requests(tok, requests, *, prefer_eos=True, jump_forward=True):
+    """requests: [(request id, SamplingParams, compiled grammar or None)] -> ({id: (ids, reason)}, actor)."""
+    send, recv = open_inbox(16)
+    executor = MaskingExecutor(tok.vocab_size, min(tok.eos_token_ids), prefer_eos)
+    config = SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset(tok.eos_token_ids), jump_forward=jump_forward)
+    actor = SchedulerActor(config, KVBlockManager(_core.BlockAllocator(256), BLOCK), executor, recv,
+                           BitmaskFiller(8, tok.vocab_size, num_threads=1))
+    results = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.run)
+        boxes = {}
+        for rid, sampling, grammar in requests:
+            boxes[rid] = Mailbox(merge_deltas)
+            send.send_nowait(AddRequest(request_id=rid, prompt_token_ids=tok.encode("Answer:"), sampling=sampling,
+                                        reply=boxes[rid], grammar=grammar))
+        for rid, box in boxes.items():
+            ids, reason = [], None
+            while reason is None:
+                delta = await box.get()
+                ids += delta.token_ids
+                reason = delta.finish_reason
+            results[rid] = (ids, reason)
+        nursery.cancel_scope.cancel()
+    return results, actor, executor
+
+
+async def test_eos_only_where_the_grammar_may_end(tok, compiler):
+    grammar = compiler.compile(StructuredOutputs(regex="ab+c?"))
+    sampling = SamplingParams(max_tokens=20, structured=StructuredOutputs(regex="ab+c?"))
+    results, _, _ = await run_requests(tok, [("r", sampling, grammar)])
+    ids, reason = results["r"]
+    text = tok.decode(ids)
+    assert reason == FinishReason.STOP
+    assert text.startswith("ab") and text.rstrip("c").lstrip("a").strip("b") == ""  # EOS wanted, but only after "ab"
+
+
+async def test_max_tokens_mid_structure_is_length(tok, compiler):
+    grammar = compiler.compile(StructuredOutputs(json=PERSON))
+    sampling = SamplingParams(max_tokens=3, structured=StructuredOutputs(json=PERSON))
+    results, _, _ = await run_requests(tok, [("r", sampling, grammar)], jump_forward=False)
+    ids, reason = results["r"]
+    assert reason == FinishReason.LENGTH and len(ids) == 3
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(tok.decode(ids))
+
+
+async def test_jump_forward_appends_forced_tokens_and_counts_them(tok, compiler):
+    grammar = compiler.compile(StructuredOutputs(json=PERSON))
+    sampling = SamplingParams(max_tokens=40, structured=StructuredOutputs(json=PERSON))
+    results, actor, executor = await run_requests(tok, [("r", sampling, grammar)])
+    ids, reason = results["r"]
+    value = json.loads(tok.decode(ids))
+    assert reason == FinishReason.STOP and set(value) == {"name", "age"}
+    stats = actor.stats()
+    assert stats["num_forced_tokens"] > 0
+    sampled_steps = sum(1 for rows in executor.mask_rows if "r" in rows)
+    assert sampled_steps + stats["num_forced_tokens"] == len(ids)  # forced tokens were never sampled
+
+
+async def test_constrained_and_free_requests_share_a_step(tok, compiler):
+    choice = StructuredOutputs(choice=["positive", "negative"])
+    grammar = compiler.compile(choice)
+    results, _, executor = await run_requests(tok, [
+        ("c0", SamplingParams(max_tokens=10, structured=choice), grammar),
+        ("free", SamplingParams(max_tokens=5, ignore_eos=True), None),
+        ("c1", SamplingParams(max_tokens=10, structured=choice), grammar),
+    ])
+    assert tok.decode(results["c0"][0]) in ("positive", "negative")
+    assert tok.decode(results["c1"][0]) in ("positive", "negative")
+    assert results["free"][1] == FinishReason.LENGTH and len(results["free"][0]) == 5
+    mixed = [rows for rows in executor.mask_rows if {"c0", "free"} <= set(rows)]
+    assert mixed, "the three requests never sampled in one step"
+    assert all(rows["free"] == -1 and rows["c0"] >= 0 for rows in mixed)  # free rows are never masked
