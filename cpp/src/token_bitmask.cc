@@ -1,45 +1,65 @@
 // CPU token-bitmask application (trillium/kernels/token_bitmask.h). Word-at-a-time: a word of
-// all ones (the common case under a loose grammar) is skipped, a zero word clears 32 logits in
-// one loop the compiler vectorizes, and only mixed words are walked bit by bit. The cost is
+// all ones (the common case under a loose grammar) is skipped; any other word is a branchless
+// select over its 32 logits (see LogitBits). The cost is
 // O(num_rows * vocab / 32) word reads plus the writes, a few microseconds per row for a 50k
 // vocabulary, so it runs on the calling thread (no OpenMP: the step's other work is elsewhere).
 #include "trillium/kernels/token_bitmask.h"
 
-#include <limits>
+#include <cstring>
 #include <string>
 
 namespace trillium {
 namespace {
 
+// Logits are rewritten through their bit patterns (same-size unsigned integers): a whole
+// 32-token word is then a branchless select against per-lane constants, which the compiler
+// vectorizes with baseline SSE2 (AND, compare, blend). Inside a JSON string most words are
+// mixed, and a branch per bit would mispredict on every other token.
 template <typename T>
-T neg_inf();
+struct LogitBits;
 template <>
-float neg_inf<float>() {
-  return -std::numeric_limits<float>::infinity();
-}
+struct LogitBits<float> {
+  using Bits = uint32_t;
+  static constexpr Bits kNegInf = 0xff800000u;
+};
 template <>
-bf16_t neg_inf<bf16_t>() {
-  return bf16_t{0xff80};
-}
+struct LogitBits<bf16_t> {
+  using Bits = uint16_t;
+  static constexpr Bits kNegInf = 0xff80u;
+};
 
 template <typename T>
 void mask_row(T* row, const int32_t* words, int64_t num_words, int64_t vocab) {
-  const T inf = neg_inf<T>();
+  using Bits = typename LogitBits<T>::Bits;
+  static_assert(sizeof(Bits) == sizeof(T), "logit and its bit pattern differ in size");
+  constexpr Bits kInf = LogitBits<T>::kNegInf;
   const int64_t covered = num_words * 32 < vocab ? num_words * 32 : vocab;
   for (int64_t w = 0; w * 32 < covered; ++w) {
     const uint32_t bits = static_cast<uint32_t>(words[w]);
     if (bits == 0xffffffffu) continue;
     const int64_t begin = w * 32;
-    const int64_t end = begin + 32 < covered ? begin + 32 : covered;
-    if (bits == 0) {
-      for (int64_t t = begin; t < end; ++t) row[t] = inf;
+    const int n = static_cast<int>((begin + 32 < covered ? begin + 32 : covered) - begin);
+    Bits lanes[32];
+    if (bits == 0) {  // the common word under a tight grammar: nothing allowed, nothing to read
+      for (int i = 0; i < n; ++i) lanes[i] = kInf;
+      std::memcpy(row + begin, lanes, n * sizeof(Bits));
       continue;
     }
-    for (int64_t t = begin; t < end; ++t) {
-      if (((bits >> (t - begin)) & 1u) == 0) row[t] = inf;
+    std::memcpy(lanes, row + begin, n * sizeof(Bits));
+    if (n == 32) {
+      for (int i = 0; i < 32; ++i) {
+        const Bits keep = static_cast<Bits>(0) - static_cast<Bits>((bits & (1u << i)) != 0);
+        lanes[i] = static_cast<Bits>((lanes[i] & keep) | (kInf & ~keep));
+      }
+    } else {
+      for (int i = 0; i < n; ++i) {
+        if ((bits & (1u << i)) == 0) lanes[i] = kInf;
+      }
     }
+    std::memcpy(row + begin, lanes, n * sizeof(Bits));
   }
-  for (int64_t t = covered; t < vocab; ++t) row[t] = inf;  // beyond the mask: never allowed
+  const Bits inf = kInf;
+  for (int64_t t = covered; t < vocab; ++t) std::memcpy(row + t, &inf, sizeof(Bits));  // beyond the mask
 }
 
 template <typename T>
