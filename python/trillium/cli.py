@@ -14,7 +14,8 @@ from trillium.config import WEIGHT_FORMATS, EngineConfig
 def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
-                        help="weights, activations and KV dtype (auto: bf16 if the CPU has native bf16 math, else fp32)")
+                        help="weights, activations and KV dtype (auto: fp32 for quantized GGUF weights, else bf16 "
+                             "if the CPU has native bf16 math, else fp32)")
     parser.add_argument("--max-running", type=int, default=64, help="requests decoding at once")
     parser.add_argument("--max-tokens-per-step", type=int, default=2048, help="token budget of one step")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length limit (default: the model's)")

@@ -51,8 +51,11 @@ class EngineConfig:
     # activations to int8 (llama.cpp's way: faster, approximate); dense: always dequantize.
     weights: str = "auto"
     num_threads: int | None = None  # torch / OpenMP threads; None = TRILLIUM_NUM_THREADS or all cores
+    # Whether ``dtype`` was ``auto``: the engine may then still pick fp32 for quantized weights.
+    dtype_auto: bool = dataclasses.field(default=False, init=False)
 
     def __post_init__(self) -> None:
+        self.dtype_auto = self.dtype == "auto"
         self.dtype = resolve_dtype(self.dtype)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
