@@ -6,8 +6,6 @@ import argparse
 import logging
 import sys
 
-import trio
-
 from trillium.config import WEIGHT_FORMATS, EngineConfig
 
 
@@ -77,9 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from trillium.serve import run_server
-
         from trillium.metering.tenants import load_access_config
+        from trillium.serve import run_server
 
         try:
             config = _engine_config(args)

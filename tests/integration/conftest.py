@@ -83,3 +83,13 @@ def openai_client(server):
     import openai
 
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", timeout=120)
+
+
+@pytest.fixture(scope="session")
+def metered_server(tmp_path_factory):
+    """A server with ``--config``: API keys, one tenant per limit, a usage ledger (tests/integration/metered.py)."""
+    from tests.integration.metered import MeteredServer
+
+    srv = MeteredServer(tmp_path_factory.mktemp("metered"))
+    yield srv
+    srv.stop()

@@ -15,8 +15,10 @@ _COLUMNS = ("tenant", "requests", "completed", "aborted", "failed", "rejected", 
 
 
 def print_usage(*, ledger: str | None, config: str | None, since: str | None, until: str | None,
-                tenant: str | None, as_json: bool, out=sys.stdout) -> int:
-    """Print per-tenant totals; raises ValueError / FileNotFoundError with a message for the user."""
+                tenant: str | None, as_json: bool, out=None) -> int:
+    """Print per-tenant totals on ``out`` (default: the current ``sys.stdout``); raises
+    ValueError / FileNotFoundError with a message for the user."""
+    out = out if out is not None else sys.stdout
     if (ledger is None) == (config is None):
         raise ValueError("give exactly one of --ledger PATH and --config FILE")
     path = ledger if ledger is not None else load_access_config(config).ledger_path
@@ -40,8 +42,9 @@ def print_usage(*, ledger: str | None, config: str | None, since: str | None, un
     return 0
 
 
-def print_key_hashes(*, from_stdin: bool, out=sys.stdout) -> int:
+def print_key_hashes(*, from_stdin: bool, out=None) -> int:
     """Without ``from_stdin``: a new random key and its hash. With it: the hash of each line."""
+    out = out if out is not None else sys.stdout
     if not from_stdin:
         key = new_key()
         out.write(f"key:  {key}\nhash: {hash_key(key)}\n")
