@@ -198,3 +198,37 @@ def test_seeded_rows_ignore_the_batch():
         seq_batched.append(sample(b, [p] + [SamplingParams()] * (b.shape[0] - 1),
                                   [g2] + [None] * (b.shape[0] - 1)).token_ids[0])
     assert seq_alone == seq_batched
+
+
+def test_inverse_cdf_never_draws_a_zero_probability_token(monkeypatch):
+    import trillium.engine.sampler as sampler
+
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0]]).repeat(4, 1)
+    assert set(sampler._inverse_cdf(probs, [None] * 4).tolist()) <= {1, 3}
+    # u * total rounding up to total (u at the top of [0, 1)) must not fall off the end.
+    monkeypatch.setattr(sampler.torch, "rand", lambda n, **kw: torch.ones(n, dtype=kw.get("dtype")))
+    assert sampler._inverse_cdf(probs, [None] * 4).tolist() == [3, 3, 3, 3]
+    monkeypatch.setattr(sampler.torch, "rand", lambda n, **kw: torch.zeros(n, dtype=kw.get("dtype")))
+    assert sampler._inverse_cdf(probs, [None] * 4).tolist() == [1, 1, 1, 1]
+
+
+def test_candidate_truncation_equals_the_full_sort():
+    """``truncate`` settles rows on their top CANDIDATES tokens where that is exact and sorts
+    the rest: row by row it must equal the full-sort reference, on fresh random rows whose
+    vocabulary exceeds the candidates (peaked and flat, every mix of top-k, top-p, min-p)."""
+    from trillium.engine.sampler import CANDIDATES, _truncate_sorted
+
+    gen = torch.Generator().manual_seed(int(torch.randint(1 << 30, (1,))))
+    for _ in range(40):
+        rows, vocab = 8, int(torch.randint(CANDIDATES + 1, 4 * CANDIDATES, (1,), generator=gen))
+        logits = torch.randn(rows, vocab, generator=gen) * float(torch.empty(1).uniform_(0.1, 8, generator=gen))
+        top_k = [int(k) if i % 3 else 0 for i, k in enumerate(torch.randint(1, 2 * CANDIDATES, (rows,), generator=gen))]
+        top_p = [float(p) if i % 2 else 1.0 for i, p in enumerate(torch.rand(rows, generator=gen))]
+        min_p = [0.3 * float(m) if i % 3 == 0 else 0.0 for i, m in enumerate(torch.rand(rows, generator=gen))]
+        out = truncate(logits.clone(), top_k, top_p, min_p)
+        for r in range(rows):
+            if top_k[r] > 0 or top_p[r] < 1.0 or min_p[r] > 0.0:
+                expected = _truncate_sorted(logits[r : r + 1].clone(), [top_k[r]], [top_p[r]], [min_p[r]])[0]
+            else:
+                expected = logits[r]
+            assert torch.equal(out[r], expected), (r, top_k[r], top_p[r], min_p[r])

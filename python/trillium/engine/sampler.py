@@ -8,9 +8,11 @@ of torch ops, in this order::
 
 Logprobs are the log-softmax of the logits after bias and penalties, before temperature and
 truncation (the model's distribution as the request shaped it). Rows with ``temperature == 0``
-are greedy (argmax after bias and penalties). Sampling uses the exponential-race trick
-(``argmax(p / E)`` with ``E ~ Exp(1)``), which draws exactly from ``p`` and lets seeded
-requests use their own generator without a per-row multinomial.
+are greedy (argmax after bias and penalties). Sampling inverts each row's cumulative
+distribution at one uniform draw: exact, batched, and a seeded request takes its one number per
+token from its own generator, so its samples do not depend on the batch. (The exponential race,
+``argmax(p / E)``, needs a random number per vocabulary entry: 33 ms per step for 32 rows of a
+49k vocabulary on a 2-vCPU CPU, against about 2 ms here.)
 """
 
 from __future__ import annotations
@@ -60,20 +62,35 @@ def sample(
     sub = truncate(sub, [params[i].top_k for i in random_rows], [params[i].top_p for i in random_rows],
                    [params[i].min_p for i in random_rows])
     probs = torch.softmax(sub, dim=-1)  # [R, V]
-
-    noise = torch.empty_like(probs)
-    unseeded = [j for j, i in enumerate(random_rows) if generators[i] is None]
-    if unseeded:
-        noise[unseeded] = torch.empty(len(unseeded), probs.shape[1]).exponential_()
-    for j, i in enumerate(random_rows):
-        if generators[i] is not None:
-            noise[j].exponential_(generator=generators[i])
-    chosen = (probs / noise).argmax(dim=-1)  # [R]
+    chosen = _inverse_cdf(probs, [generators[i] for i in random_rows])  # [R]
 
     out = greedy.clone()
     out[rows] = chosen
     assert out.shape[0] == num_rows
     return SampleResult(out.tolist(), _with_chosen(logprobs, logits, out))
+
+
+def _inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One draw per row of ``probs`` [R, V]: the first token whose cumulative probability
+    exceeds ``u * total`` for a uniform ``u`` (float64, so the cumulative sums lose nothing a
+    draw could notice). One random number per row, from the row's own generator when it has
+    one; a token with probability 0 is never chosen."""
+    num_rows, vocab = probs.shape
+    u = torch.empty(num_rows, dtype=torch.float64)
+    unseeded = [j for j, g in enumerate(generators) if g is None]
+    if unseeded:
+        u[unseeded] = torch.rand(len(unseeded), dtype=torch.float64)
+    for j, g in enumerate(generators):
+        if g is not None:
+            u[j] = torch.rand(1, generator=g, dtype=torch.float64)
+    cdf = probs.to(torch.float64).cumsum_(dim=-1)  # [R, V]
+    target = (u * cdf[:, -1]).unsqueeze(1)  # [R, 1]
+    chosen = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first index with cdf > target
+    over = chosen >= vocab  # u * total rounded up to total: take the last token with probability > 0
+    if bool(over.any()):
+        rows = over.nonzero().squeeze(1)
+        chosen[rows] = vocab - 1 - (probs[rows] > 0).flip(dims=[1]).to(torch.uint8).argmax(dim=-1)
+    return chosen
 
 
 def apply_logit_bias(logits: torch.Tensor, biases: list[dict[int, float]]) -> None:
@@ -117,11 +134,62 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
     logits -= freq * output_counts + pres * (output_counts > 0).to(logits.dtype)
 
 
+# Tokens kept by the partial sort (``topk``) that settles most rows' truncation: a full sort of
+# 32 x 49k logits costs ~60 ms per step on 2 vCPUs, a top-256 ~3 ms.
+CANDIDATES = 256
+
+
 def truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float],
              min_p: list[float] | None = None) -> torch.Tensor:
     """Mask (to -inf) everything outside each row's top-k, then its top-p nucleus (of the
-    top-k renormalized), and every token whose probability is below ``min_p * p_max``."""
+    top-k renormalized), and every token whose probability is below ``min_p * p_max``.
+
+    Decided on each row's ``CANDIDATES`` most likely tokens where that is exact: the row's
+    top-k fits among them, or their probability mass already reaches its top_p (every later
+    token is then outside the nucleus), or the least of them is already below its min_p
+    threshold. Other rows (a flat distribution under a high top_p) take the full sort."""
     min_p = min_p if min_p is not None else [0.0] * len(top_k)
+    num_rows, vocab = logits.shape
+    if vocab <= CANDIDATES:
+        return _truncate_sorted(logits, top_k, top_p, min_p)
+    k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k])  # [R]
+    p = torch.tensor(top_p, dtype=logits.dtype)  # [R]
+    m = torch.tensor(min_p, dtype=logits.dtype)  # [R]
+    untouched = (k >= vocab) & (p >= 1.0) & (m <= 0.0)
+    if bool(untouched.all()):
+        return logits
+    cand, ids = logits.topk(CANDIDATES, dim=-1)  # [R, C], most likely first
+    k_inside, k_none = k <= CANDIDATES, k >= vocab  # else: a top-k beyond the candidates
+    mask = torch.arange(CANDIDATES).unsqueeze(0) >= k.clamp(max=CANDIDATES).unsqueeze(1)  # [R, C]
+    full = torch.logsumexp(logits, dim=-1)  # [R]
+    # Normalizer of the distribution top-p applies to: the top-k when it is inside the
+    # candidates, else the whole row (right only without top-k; other rows are not exact).
+    norm = torch.where(k_inside, torch.logsumexp(cand.masked_fill(mask, float("-inf")), dim=-1), full)
+    probs = torch.exp(cand - norm.unsqueeze(1)).masked_fill(mask, 0.0)  # [R, C]
+    use_p = p < 1.0
+    mass_before = probs.cumsum(dim=-1) - probs
+    mask |= use_p.unsqueeze(1) & (mass_before >= p.unsqueeze(1))
+    full_probs = torch.exp(cand - full.unsqueeze(1))  # min_p is relative to the most likely token
+    threshold = m.unsqueeze(1) * full_probs[:, :1]
+    mask |= full_probs < threshold
+    exact = (k_inside | untouched
+             | (k_none & use_p & (probs.sum(dim=-1) >= p))  # the nucleus ends among the candidates
+             | ((k_none | ~use_p) & (m > 0.0) & (full_probs[:, -1] < threshold.squeeze(1))))  # min_p cuts there
+    out = torch.full_like(logits, float("-inf")).scatter_(1, ids, cand.masked_fill(mask, float("-inf")))
+    if bool(untouched.any()):
+        rows = untouched.nonzero().squeeze(1)
+        out[rows] = logits[rows]
+    if not bool(exact.all()):
+        rows = (~exact).nonzero().squeeze(1)
+        sub = rows.tolist()
+        out[rows] = _truncate_sorted(logits[rows], [top_k[i] for i in sub], [top_p[i] for i in sub],
+                                     [min_p[i] for i in sub])
+    return out
+
+
+def _truncate_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float],
+                     min_p: list[float]) -> torch.Tensor:
+    """:func:`truncate` by a full sort of each row (the reference, and the fallback)."""
     use_k = any(k > 0 for k in top_k)
     use_p = any(p < 1.0 for p in top_p)
     use_min_p = any(m > 0.0 for m in min_p)
@@ -139,7 +207,7 @@ def truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float],
         # Drop a token when the mass strictly before it already reaches top_p; the most
         # likely token always survives.
         mass_before = probs.cumsum(dim=-1) - probs
-        mask |= mass_before >= p
+        mask |= (p < 1.0) & (mass_before >= p)  # a row at 1.0 keeps its tail (rounding reaches 1.0)
     if use_min_p:
         # Relative to the most likely token, so it does not matter which tokens are masked.
         m = torch.tensor(min_p, dtype=logits.dtype).unsqueeze(1)
