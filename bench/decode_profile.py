@@ -2,10 +2,11 @@
 
     python bench/decode_profile.py                      # 1 stream, 64 tokens, 2 rounds
     python bench/decode_profile.py --batch 32 --weights dense --dtype fp32
+    python bench/decode_profile.py --batch 32 --temperature 0.8 --top-p 0.95
 
 Wraps the model's operations (projections, RMSNorm, RoPE, KV store, paged attention, SiLU-mul,
 the whole forward and the output head) with timers, generates ``--max-tokens`` tokens
-(``ignore_eos``) for ``--batch`` prompts through ``LLM`` and prints one JSON line per round:
+(``ignore_eos``, the given temperature / top-p / top-k) for ``--batch`` prompts through ``LLM`` and prints one JSON line per round:
 ms per generated token for each operation (summed over the batch's steps, divided by the
 tokens generated) and its mean µs per call. ``outside_model_ms`` is the wall time not spent in
 the forward pass or the head: metadata, sampling, the scheduler, the thread hop, detokenizing.
@@ -32,6 +33,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--weights", default="auto")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
     args = p.parse_args()
 
     seconds: collections.Counter = collections.Counter()
@@ -65,7 +69,8 @@ def main() -> None:
         seconds.clear()
         calls.clear()
         start = time.perf_counter()
-        outs = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True))
+        outs = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True,
+                                                    temperature=args.temperature, top_p=args.top_p, top_k=args.top_k))
         wall = time.perf_counter() - start
         tokens = sum(len(o.token_ids) for o in outs)
         per_token = {k: round(1e3 * v / tokens, 3) for k, v in sorted(seconds.items())}
