@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -23,7 +24,7 @@ class ServerProcess:
     def __init__(self, *extra_args: str) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = f"/tmp/trillium-test-server-{self.port}.log"
+        self.log_path = os.path.join(tempfile.gettempdir(), f"trillium-test-server-{self.port}.log")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trillium.cli", "serve", "--port", str(self.port), *extra_args],
