@@ -11,7 +11,8 @@ Two load shapes:
 
 Prompts are ShareGPT first turns (``../shared/data/sharegpt_first_turns_500.json``) or, with
 ``--synthetic``, fixed-length text; every request asks for ``--max-tokens`` tokens with
-``ignore_eos`` (servers that do not know the field ignore it), greedy, streamed. Metrics
+``ignore_eos`` (servers that do not know the field ignore it), streamed, greedy unless
+``--temperature`` / ``--top-p`` say otherwise. Metrics
 (bench/serving_metrics.py): TTFT, TPOT, ITL, E2E mean/p50/p90/p99, request / output / total token
 throughput, goodput under ``--goodput`` SLOs. Prints one JSON line per level and a Markdown table;
 ``--result-file`` writes the whole run (settings + rows) as one JSON document.
@@ -37,6 +38,14 @@ from serving_client import DATA, load_prompts, stream_request  # noqa: E402
 from serving_metrics import parse_slo, summarize  # noqa: E402
 
 
+def _sampling(args) -> dict:
+    """The OpenAI sampling fields every request carries (greedy unless asked otherwise)."""
+    out = {"temperature": args.temperature}
+    if args.top_p < 1.0:
+        out["top_p"] = args.top_p
+    return out
+
+
 async def closed_loop(client, args, model, prompts, concurrency, bar) -> list[dict]:
     records: list[dict] = []
     queue = list(prompts)
@@ -44,7 +53,8 @@ async def closed_loop(client, args, model, prompts, concurrency, bar) -> list[di
     async def worker() -> None:
         while queue:
             prompt = queue.pop()
-            records.append(await stream_request(client, args.endpoint, model, prompt, args.max_tokens, args.ignore_eos))
+            records.append(await stream_request(client, args.endpoint, model, prompt, args.max_tokens,
+                                                args.ignore_eos, _sampling(args)))
             bar.update(1)
 
     async with trio.open_nursery() as nursery:
@@ -60,10 +70,12 @@ async def open_loop(client, args, model, prompts, rate, bar) -> list[dict]:
 
     async def one(prompt: str) -> None:
         if limiter is None:
-            rec = await stream_request(client, args.endpoint, model, prompt, args.max_tokens, args.ignore_eos)
+            rec = await stream_request(client, args.endpoint, model, prompt, args.max_tokens, args.ignore_eos,
+                                       _sampling(args))
         else:
             async with limiter:
-                rec = await stream_request(client, args.endpoint, model, prompt, args.max_tokens, args.ignore_eos)
+                rec = await stream_request(client, args.endpoint, model, prompt, args.max_tokens,
+                                           args.ignore_eos, _sampling(args))
         records.append(rec)
         bar.update(1)
 
@@ -129,6 +141,8 @@ def main() -> None:
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", help="let requests stop at EOS")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--prompts", default=DATA, help="ShareGPT-style JSON list of conversations")
     p.add_argument("--synthetic", action="store_true", help="fixed-length synthetic prompts instead")
     p.add_argument("--input-len", type=int, default=128, help="synthetic prompt length (words)")
@@ -150,7 +164,7 @@ def main() -> None:
     if args.result_file:
         doc = {
             "label": args.label, "base_url": args.base_url, "endpoint": args.endpoint, "max_tokens": args.max_tokens,
-            "num_requests": args.num_requests, "ignore_eos": args.ignore_eos,
+            "num_requests": args.num_requests, "ignore_eos": args.ignore_eos, "sampling": _sampling(args),
             "prompts": "synthetic" if args.synthetic else os.path.basename(args.prompts), "seed": args.seed,
             "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
             "command": " ".join(sys.argv), "rows": rows,

@@ -34,11 +34,12 @@ _WORDS = ("time year people way day man thing woman life child world school stat
 
 
 async def stream_request(client: httpx.AsyncClient, endpoint: str, model: str, prompt: str, max_tokens: int,
-                         ignore_eos: bool) -> dict:
+                         ignore_eos: bool, sampling: dict | None = None) -> dict:
     """Send one streamed request; return its record (see serving_metrics). Never raises for HTTP or
-    protocol errors: the record is marked ``ok: False`` with the error text."""
-    payload: dict = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                     "stream_options": {"include_usage": True}}
+    protocol errors: the record is marked ``ok: False`` with the error text. ``sampling``: OpenAI
+    sampling fields (default: greedy, ``{"temperature": 0}``)."""
+    payload: dict = {"model": model, "max_tokens": max_tokens, "stream": True,
+                     "stream_options": {"include_usage": True}, **(sampling or {"temperature": 0})}
     if ignore_eos:
         payload["ignore_eos"] = True
     if endpoint == "chat":
