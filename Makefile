@@ -1,5 +1,5 @@
-# The two commands of the README. Each sets everything up first (idempotent).
-.PHONY: serve test setup
+# The two commands of the README (serve, test), plus lint. Each sets everything up first (idempotent).
+.PHONY: serve test lint setup
 
 serve:
 	scripts/setup.sh
@@ -8,6 +8,14 @@ serve:
 test:
 	scripts/setup.sh test
 	.venv/bin/python -m pytest -q
+
+# ruff (lint + format check) over everything, mypy over the package (strict on protocol/,
+# runtime/, scheduler/). Configured in pyproject.toml.
+lint:
+	scripts/setup.sh test
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy
 
 setup:
 	scripts/setup.sh test

@@ -253,7 +253,7 @@ def cmd_e2e(args, llm) -> None:
     from trillium.protocol import StructuredOutputs
     from trillium.structured import GrammarError
 
-    compiler = llm.engine.grammar_compiler
+    compiler = llm.engine.grammar_actor.compiler
     rng = random.Random(args.seed)
     cases = load_cases(None)
     rng.shuffle(cases)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import trio
 
 from trillium.config import EngineConfig
-from trillium.engine_client import Engine
+from trillium.launch import Engine
 from trillium.protocol import SamplingParams
 
 
@@ -16,7 +17,7 @@ async def _chat_loop(engine: Engine, system: str | None, sampling: SamplingParam
     async with trio.open_nursery() as actors:
         for actor in engine.actors():
             await actors.start(actor.run)
-        messages: list[dict] = [{"role": "system", "content": system}] if system else []
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         print(f"trillium chat with {client.model_name}. Empty line or Ctrl-D to quit.", flush=True)
         while True:
             try:
@@ -32,7 +33,8 @@ async def _chat_loop(engine: Engine, system: str | None, sampling: SamplingParam
                 print("[the conversation is longer than the model's context; start a new one]")
                 messages.clear()
                 continue
-            turn = SamplingParams(max_tokens=min(sampling.max_tokens, room), temperature=sampling.temperature)
+            max_tokens = room if sampling.max_tokens is None else min(sampling.max_tokens, room)
+            turn = SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature)
             stream = client.open_stream(client.new_request_id("chat"), prompt_ids, turn)
             answer = []
             try:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import trio
 
 from trillium.config import EngineConfig
-from trillium.engine_client import Engine
+from trillium.launch import Engine
 from trillium.protocol import SamplingParams
 from trillium.runtime import INBOX_BOUND
 
@@ -21,7 +22,7 @@ from trillium.runtime import INBOX_BOUND
 class RequestOutput:
     """The result of one prompt."""
 
-    prompt: str | list[dict]
+    prompt: str | list[dict[str, Any]]
     text: str
     token_ids: list[int]
     prompt_token_ids: list[int]
@@ -31,7 +32,8 @@ class RequestOutput:
 class LLM:
     """An in-process engine. Construction loads the model (default: the embedded SmolLM2)."""
 
-    def __init__(self, model: str | None = None, *, dtype: str = "auto", progress: bool = True, **engine_args) -> None:
+    def __init__(self, model: str | None = None, *, dtype: str = "auto", progress: bool = True,
+                 **engine_args: Any) -> None:
         self.engine = Engine(EngineConfig(model=model, dtype=dtype, **engine_args), progress=progress)
         self.tokenizer = self.engine.tokenizer
 
@@ -43,14 +45,14 @@ class LLM:
             prompts = [prompts]
         return trio.run(self._run_all, [{"prompt": p} for p in prompts], sampling_params or SamplingParams())
 
-    def chat(self, conversations: list[dict] | list[list[dict]],
+    def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
         """Answer chat conversations (rendered with the model's chat template)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # one conversation
         return trio.run(self._run_all, [{"messages": c} for c in conversations], sampling_params or SamplingParams())
 
-    async def _run_all(self, inputs: list[dict], sampling_params: SamplingParams | Sequence[SamplingParams]
+    async def _run_all(self, inputs: list[dict[str, Any]], sampling_params: SamplingParams | Sequence[SamplingParams]
                        ) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(inputs)
         if isinstance(sampling_params, SamplingParams):
@@ -66,11 +68,11 @@ class LLM:
             # overflowing by letting only so many be in flight.
             in_flight = trio.Semaphore(INBOX_BOUND // 2)
 
-            async def one(i: int, kwargs: dict) -> None:
+            async def one(i: int, kwargs: dict[str, Any]) -> None:
                 async with in_flight:
                     await run_one(i, kwargs)
 
-            async def run_one(i: int, kwargs: dict) -> None:
+            async def run_one(i: int, kwargs: dict[str, Any]) -> None:
                 sampling = sampling_params[i]
                 prompt_ids = await client.tokenize(**kwargs)
                 grammar = None
@@ -83,13 +85,14 @@ class LLM:
                     ids.extend(out.token_ids)
                     if out.error:
                         raise RuntimeError(out.error)
-                results[i] = RequestOutput(
-                    kwargs.get("prompt", kwargs.get("messages")), "".join(text), ids, prompt_ids,
-                    stream.finish_reason.openai_name,
-                )
+                assert stream.finish_reason is not None  # the stream only ends once it has a reason
+                prompt = kwargs["prompt"] if "prompt" in kwargs else kwargs["messages"]
+                results[i] = RequestOutput(prompt, "".join(text), ids, prompt_ids, stream.finish_reason.openai_name)
 
             async with trio.open_nursery() as requests:
                 for i, kwargs in enumerate(inputs):
                     requests.start_soon(one, i, kwargs)
             actors.cancel_scope.cancel()
-        return results  # type: ignore[return-value]
+        done = [r for r in results if r is not None]
+        assert len(done) == len(results)  # every request task filled its slot or raised
+        return done

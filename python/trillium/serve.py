@@ -7,7 +7,7 @@ import logging
 import trio
 
 from trillium.config import EngineConfig
-from trillium.engine_client import Engine
+from trillium.launch import Engine
 from trillium.metering import AccessConfig, MeteringActor, Metrics, request_log
 from trillium.runtime import Supervisor
 from trillium.server.accounting import Accounting

@@ -212,13 +212,27 @@ def test_tokenize_detokenize_round_trip(http):
     assert http.post("/detokenize", json={"tokens": [10**9]}).status_code == 400
 
 
+def test_tokenize_honours_add_generation_prompt(http):
+    """Without the generation prompt the rendered chat stops after the last message: a strict
+    prefix of the tokens with it (the assistant header that follows)."""
+    with_header = http.post("/tokenize", json={"messages": CHAT}).json()["tokens"]
+    without = http.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": False}).json()["tokens"]
+    assert len(without) < len(with_header) and with_header[: len(without)] == without
+
+
+def test_tokenize_honours_add_special_tokens(http):
+    plain = http.post("/tokenize", json={"prompt": "Hello", "add_special_tokens": False}).json()["tokens"]
+    default = http.post("/tokenize", json={"prompt": "Hello"}).json()["tokens"]
+    assert default[len(default) - len(plain):] == plain
+
+
 # ---- validation -------------------------------------------------------------------------------
 
 BAD = [
     ("temperature", -0.1), ("temperature", 2.5), ("top_p", 0.0), ("top_p", 1.5), ("n", 0), ("n", 17),
     ("presence_penalty", 2.5), ("frequency_penalty", -3), ("repetition_penalty", 0.0), ("min_p", 1.5),
     ("top_k", 0), ("logit_bias", {"999999": 1}), ("logit_bias", {"5": 200}), ("stop", ["x"] * 17),
-    ("max_tokens", 0), ("min_tokens", -1),
+    ("max_tokens", 0), ("min_tokens", -1), ("seed", 2**80), ("seed", -(2**64)),
 ]
 
 
@@ -227,6 +241,13 @@ def test_out_of_range_is_400_naming_the_parameter(http, name, value):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "max_tokens": 2, name: value})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == name
+
+
+def test_stream_options_without_stream_is_400(http):
+    for path, body in (("/v1/chat/completions", {"messages": CHAT}), ("/v1/completions", {"prompt": "x"})):
+        r = http.post(path, json={**body, "max_tokens": 2, "stream_options": {"include_usage": True}})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "stream_options"
 
 
 def test_top_logprobs_and_completion_logprobs_limits(http):

@@ -89,7 +89,9 @@ async def test_health_answers_while_the_engine_is_busy(server):
         async with trio.open_nursery() as nursery:
             for _ in range(4):
                 nursery.start_soon(load)
-            await trio.sleep(0.5)  # long prefills are running now
+            with trio.fail_after(30):  # until the long prefills are running
+                while (await client.get("/stats")).json()["num_requests_running"] == 0:
+                    await trio.sleep(0.02)
             for _ in range(10):
                 t0 = time.perf_counter()
                 assert (await client.get("/health")).status_code == 200

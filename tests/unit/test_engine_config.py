@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trillium.config import EngineConfig
-from trillium.engine_client import _use_quantized_weights
+from trillium.launch import resolve_weights
 from trillium.models import default_model_path
 from trillium.models.registry import can_run_quantized
 
@@ -19,23 +19,35 @@ def path() -> str:
 def test_auto_dtype_serves_quantized_weights_in_fp32(path):
     config = EngineConfig()
     assert config.dtype_auto
-    quantized = _use_quantized_weights(config, path)
+    resolved = resolve_weights(config, path)
     if can_run_quantized(path, torch.float32)[0]:
         # Even where bf16 is native: the quantized fp32 path decodes faster than dense bf16.
-        assert quantized and config.dtype == "fp32"
+        assert resolved.weights == "quantized" and resolved.dtype == "fp32"
     else:
-        assert not quantized
+        assert resolved.weights == "dense"
+
+
+def test_resolving_leaves_the_given_config_alone(path):
+    config = EngineConfig()
+    before = (config.dtype, config.weights, config.dtype_auto)
+    resolve_weights(config, path)
+    assert (config.dtype, config.weights, config.dtype_auto) == before
 
 
 def test_explicit_dtype_is_kept(path):
     config = EngineConfig(dtype="bf16")
     assert not config.dtype_auto
-    assert not _use_quantized_weights(config, path)  # the kernels take fp32 activations only
-    assert config.dtype == "bf16"
+    resolved = resolve_weights(config, path)
+    assert resolved.weights == "dense"  # the kernels take fp32 activations only
+    assert resolved.dtype == "bf16"
 
 
 def test_dense_weights_keep_the_auto_dtype(path):
     config = EngineConfig(weights="dense")
-    resolved = config.dtype
-    assert not _use_quantized_weights(config, path)
-    assert config.dtype == resolved
+    resolved = resolve_weights(config, path)
+    assert resolved.weights == "dense" and resolved.dtype == config.dtype
+
+
+def test_asking_for_quantized_weights_where_they_cannot_run_names_the_flag(path):
+    with pytest.raises(ValueError, match="--weights quantized"):
+        resolve_weights(EngineConfig(dtype="bf16", weights="quantized"), path)

@@ -50,7 +50,9 @@ async def test_records_are_written_and_queries_see_every_earlier_record(tmp_path
     assert ledger_totals(path)["acme"].requests == 25
 
 
-async def test_stop_writes_what_is_queued(tmp_path):
+@pytest.mark.parametrize("how", ["stop", "cancel"])
+async def test_what_is_queued_is_written_on_the_way_out(tmp_path, how):
+    """``stop()`` (the supervisor's normal shutdown) and a cancellation both flush the queue."""
     path = str(tmp_path / "usage.sqlite")
     actor = MeteringActor(path)
     async with trio.open_nursery() as nursery:
@@ -58,21 +60,12 @@ async def test_stop_writes_what_is_queued(tmp_path):
         for i in range(20):
             actor.sink.admit()
             actor.sink.send(record(i))
-        actor.stop()  # before the actor ran again: the queue is flushed on the way out
+        if how == "stop":
+            actor.stop()  # before the actor ran again: the queue is flushed on the way out
+        else:
+            nursery.cancel_scope.cancel()
     assert ledger_totals(path)["acme"].requests == 20
     assert actor.stats() == {"num_usage_records_written": 20, "num_usage_batches": actor.num_batches}
-
-
-async def test_cancellation_still_writes_what_is_queued(tmp_path):
-    path = str(tmp_path / "usage.sqlite")
-    actor = MeteringActor(path)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(actor.run)
-        for i in range(10):
-            actor.sink.admit()
-            actor.sink.send(record(i))
-        nursery.cancel_scope.cancel()
-    assert ledger_totals(path)["acme"].requests == 10
 
 
 def test_sink_reserves_a_slot_per_request_in_flight():

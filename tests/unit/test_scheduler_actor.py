@@ -1,4 +1,8 @@
-"""SchedulerActor with a fake executor: delivery, abort, failures, backpressure."""
+"""SchedulerActor with a fake executor: delivery, abort, failures, backpressure, stats.
+
+Synchronization is by events, never by guessing how long a step takes: :func:`settle` waits
+until the actor has acted on everything sent to it, and :class:`SlowExecutor` can hold a step
+in its thread until the test opens its gate."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import time
 
 import pytest
 import trio
+import trio.testing
 
 from tests.fakes import FakeExecutor
 from trillium import _core
@@ -22,18 +27,32 @@ BLOCK = 4
 class SlowExecutor(FakeExecutor):
     """Sleeps in the worker thread, like a real model step; can be told to fail."""
 
-    def __init__(self, *args, delay=0.01, fail_on=None, **kw):
+    def __init__(self, *args, delay=0.01, fail_on=None, gated=False, **kw):
         super().__init__(*args, **kw)
         self.delay = delay
         self.fail_on = fail_on
         self.thread_ids = set()
+        self.gate = threading.Event()  # a gated executor holds every step until this is set
+        if not gated:
+            self.gate.set()
 
     def execute(self, step_input):
         self.thread_ids.add(threading.get_ident())
+        assert self.gate.wait(timeout=30), "the test never opened the gate"
         time.sleep(self.delay)
         if self.fail_on and any(r.request_id == self.fail_on for r in step_input.requests):
             raise RuntimeError("boom")
         return super().execute(step_input)
+
+
+async def settle(actor: SchedulerActor) -> None:
+    """Return once the actor has acted on everything sent to it: every task is blocked and no
+    step is running in the executor thread (a step in its thread counts as blocked for Trio)."""
+    while True:
+        await trio.testing.wait_all_tasks_blocked()
+        if actor._step_limiter.borrowed_tokens == 0:
+            return
+        await trio.sleep(0.001)  # a step is running in its thread: check again when it may be done
 
 
 async def start(nursery, num_blocks=64, executor=None):
@@ -84,11 +103,10 @@ async def test_abort_message_frees_blocks_and_closes_mailbox():
         await box.get()  # it is running
         assert allocator.num_free_blocks < allocator.num_total_blocks
         await send.send(AbortRequest("a"))
-        tokens, reason = await collect(box)
+        _, reason = await collect(box)
         assert reason is None  # aborted streams just close
-        with trio.fail_after(2):
-            while allocator.num_free_blocks != allocator.num_total_blocks:
-                await trio.sleep(0.01)
+        # The blocks were freed before the mailbox was closed.
+        assert allocator.num_free_blocks == allocator.num_total_blocks
         nursery.cancel_scope.cancel()
 
 
@@ -98,9 +116,9 @@ async def test_consumer_leaving_aborts_without_a_message():
         box = submit(send, "gone", max_tokens=200)
         await box.get()
         box.close_consumer()
-        with trio.fail_after(2):
-            while actor.policy.has_work():
-                await trio.sleep(0.01)
+        with trio.fail_after(10):
+            await settle(actor)
+        assert not actor.policy.has_work()
         assert allocator.num_free_blocks == allocator.num_total_blocks
         nursery.cancel_scope.cancel()
 
@@ -119,21 +137,53 @@ async def test_failing_step_fails_its_requests_and_the_actor_keeps_serving():
 
 async def test_full_inbox_is_backpressure_not_a_queue():
     async with trio.open_nursery() as nursery:
-        send, _, _, _ = await start(nursery, executor=SlowExecutor(BLOCK, delay=0.2))
+        executor = SlowExecutor(BLOCK, gated=True)
+        send, _, _, actor = await start(nursery, executor=executor)
         submit(send, "first")
-        await trio.sleep(0.05)  # the actor is inside a slow step and not reading its inbox
-        for i in range(8):
-            submit(send, f"q{i}")
-        with pytest.raises(trio.WouldBlock):
-            submit(send, "one-too-many")
+        try:
+            await trio.testing.wait_all_tasks_blocked()
+            assert actor._step_limiter.borrowed_tokens == 1  # held in its step, not reading the inbox
+            for i in range(8):
+                submit(send, f"q{i}")
+            with pytest.raises(trio.WouldBlock):
+                submit(send, "one-too-many")
+        finally:
+            executor.gate.set()
         nursery.cancel_scope.cancel()
 
 
 async def test_slow_consumer_gets_merged_deltas():
     async with trio.open_nursery() as nursery:
-        send, _, _, _ = await start(nursery, executor=SlowExecutor(BLOCK, delay=0.001))
+        send, _, _, actor = await start(nursery, executor=SlowExecutor(BLOCK, delay=0.001))
         box = submit(send, "slow", max_tokens=20)
-        await trio.sleep(0.5)  # let every step finish before reading
+        with trio.fail_after(10):
+            await settle(actor)  # every step has finished before we read
         delta = await box.get()
         assert len(delta.token_ids) == 20 and delta.finish_reason == FinishReason.LENGTH
+        nursery.cancel_scope.cancel()
+
+
+async def test_stats_are_published_as_snapshots():
+    """Readers get an immutable snapshot that moves with the actor, never a call into it."""
+    async with trio.open_nursery() as nursery:
+        executor = SlowExecutor(BLOCK, gated=True)
+        send, allocator, _, actor = await start(nursery, executor=executor)
+        idle = actor.stats.latest
+        assert (idle.num_steps, idle.num_requests_running, idle.num_free_blocks) == (0, 0, 64)
+        box = submit(send, "r", prompt_len=5, max_tokens=3)
+        try:
+            await trio.testing.wait_all_tasks_blocked()
+            busy = actor.stats.latest  # published once scheduled, before the first step returns
+        finally:
+            executor.gate.set()
+        assert busy.num_requests_running == 1 and busy.num_blocks_in_use > 0
+        await collect(box)
+        with trio.fail_after(10):
+            await settle(actor)
+        done = actor.stats.latest
+        assert done.num_steps == 3 and done.num_step_tokens == 5 + 2 and done.num_requests_running == 0
+        assert done.num_free_blocks == allocator.num_free_blocks
+        assert idle.num_steps == 0  # earlier snapshots are never changed
+        with pytest.raises(AttributeError):
+            done.num_steps = 0  # frozen
         nursery.cancel_scope.cancel()

@@ -125,7 +125,7 @@ async def test_actor_compiles_caches_and_times_out(compiler):
         actor.timeout_s = 0.0  # every compile that is not a cache hit is now over the limit
         slow = await ask(StructuredOutputs(regex=r"[a-z]{2,40}@example\.com"))
         assert slow.grammar is None and "longer than" in slow.error
-        assert actor.stats()["grammar_compile_timeouts"] == 1
+        assert actor.stats.latest.grammar_compile_timeouts == 1
         assert (await ask(StructuredOutputs(regex=r"\d{3}"))).grammar is ok.grammar  # hits skip the limit
         nursery.cancel_scope.cancel()
 
@@ -213,10 +213,10 @@ async def test_jump_forward_appends_forced_tokens_and_counts_them(tok, compiler)
     ids, reason = results["r"]
     value = json.loads(tok.decode(ids))
     assert reason == FinishReason.STOP and set(value) == {"name", "age"}
-    stats = actor.stats()
-    assert stats["num_forced_tokens"] > 0
+    stats = actor.stats.latest
+    assert stats.num_forced_tokens > 0
     sampled_steps = sum(1 for rows in executor.mask_rows if "r" in rows)
-    assert sampled_steps + stats["num_forced_tokens"] == len(ids)  # forced tokens were never sampled
+    assert sampled_steps + stats.num_forced_tokens == len(ids)  # forced tokens were never sampled
 
 
 async def test_constrained_and_free_requests_share_a_step(tok, compiler):

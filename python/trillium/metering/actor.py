@@ -15,23 +15,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeAlias
 
 import trio
 
 from trillium.metering.ledger import Ledger
-from trillium.protocol.usage import UsageQuery, UsageRecord
-from trillium.runtime import METERING_INBOX_BOUND, Actor, open_inbox
+from trillium.protocol.usage import TenantUsage, UsageQuery, UsageRecord
+from trillium.runtime import METERING_INBOX_BOUND, Sink, open_inbox
 
 log = logging.getLogger("trillium.metering")
 
 # How long a final flush (shutdown) may take before records are given up with an error log.
 FLUSH_TIMEOUT = 10.0
 
+# What the inbox carries; a query is answered with the totals or an error string.
+_Item: TypeAlias = UsageRecord | UsageQuery
+_Answer: TypeAlias = list[TenantUsage] | str
+
 
 class UsageSink:
     """The frontend's end of the metering actor's inbox. Runs on the event loop only."""
 
-    def __init__(self, send: trio.MemorySendChannel, bound: int) -> None:
+    def __init__(self, send: trio.MemorySendChannel[_Item], bound: int) -> None:
         self._send = send
         self._bound = bound
         self.num_in_flight = 0  # admitted requests whose record has not been sent yet
@@ -52,11 +57,11 @@ class UsageSink:
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             log.error("usage record lost (metering stopped): %s", record)
 
-    async def query(self, query: UsageQuery) -> list:
+    async def query(self, query: UsageQuery) -> list[TenantUsage]:
         """Per-tenant totals, after every record sent before this call has been written."""
         if not self.has_room():  # the free slots belong to the records of requests in flight
             raise RuntimeError("the usage ledger is busy; retry")
-        send, recv = trio.open_memory_channel(1)
+        send, recv = trio.open_memory_channel[_Answer](1)
         query.reply = send
         self._send.send_nowait(query)
         async with recv:
@@ -66,7 +71,7 @@ class UsageSink:
         return result
 
 
-class MeteringActor(Actor):
+class MeteringActor(Sink):
     """Owns the ledger (optional) and the request log (optional); the only writer of both."""
 
     name = "metering"
@@ -91,7 +96,7 @@ class MeteringActor(Actor):
         task_status.started()
         try:
             while not self._stopping:
-                items = []
+                items: list[_Item] = []
                 with trio.CancelScope() as self._wait_scope:  # stop() cancels only this wait
                     items.append(await self._inbox.receive())
                 # Shielded: what has left the inbox must reach the disk even when a cancellation
@@ -113,18 +118,18 @@ class MeteringActor(Actor):
         if self._wait_scope is not None:
             self._wait_scope.cancel()
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         return {"num_usage_records_written": self.num_written, "num_usage_batches": self.num_batches}
 
-    def _drain(self) -> list:
-        items = []
+    def _drain(self) -> list[_Item]:
+        items: list[_Item] = []
         while True:
             try:
                 items.append(self._inbox.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel):
                 return items
 
-    async def _handle(self, items: list) -> None:
+    async def _handle(self, items: list[_Item]) -> None:
         """Write the records in ``items``, answering each query after the records before it."""
         records: list[UsageRecord] = []
         for item in items:
@@ -154,6 +159,7 @@ class MeteringActor(Actor):
             self.request_log(records)
 
     async def _answer(self, query: UsageQuery) -> None:
+        result: _Answer
         if self._ledger is None:
             result = "no usage ledger is configured"
         else:

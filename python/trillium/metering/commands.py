@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TextIO
 
 import msgspec
 
@@ -15,13 +16,16 @@ _COLUMNS = ("tenant", "requests", "completed", "aborted", "failed", "rejected", 
 
 
 def print_usage(*, ledger: str | None, config: str | None, since: str | None, until: str | None,
-                tenant: str | None, as_json: bool, out=None) -> int:
+                tenant: str | None, as_json: bool, out: TextIO | None = None) -> int:
     """Print per-tenant totals on ``out`` (default: the current ``sys.stdout``); raises
     ValueError / FileNotFoundError with a message for the user."""
     out = out if out is not None else sys.stdout
-    if (ledger is None) == (config is None):
+    if ledger is not None and config is None:
+        path = ledger
+    elif config is not None and ledger is None:
+        path = load_access_config(config).ledger_path
+    else:
         raise ValueError("give exactly one of --ledger PATH and --config FILE")
-    path = ledger if ledger is not None else load_access_config(config).ledger_path
     lo = parse_time(since) if since is not None else None
     hi = parse_time(until) if until is not None else None
     db = open_readonly(path)
@@ -42,7 +46,7 @@ def print_usage(*, ledger: str | None, config: str | None, since: str | None, un
     return 0
 
 
-def print_key_hashes(*, from_stdin: bool, out=None) -> int:
+def print_key_hashes(*, from_stdin: bool, out: TextIO | None = None) -> int:
     """Without ``from_stdin``: a new random key and its hash. With it: the hash of each line."""
     out = out if out is not None else sys.stdout
     if not from_stdin:

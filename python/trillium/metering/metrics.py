@@ -8,13 +8,17 @@ servers (or tests) in one process do not share series.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from trillium.protocol.usage import REJECTED, UsageRecord
+
+if TYPE_CHECKING:
+    from trillium.engine_client import RequestStream
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
@@ -32,11 +36,11 @@ FINISHED_REASONS = ("stop", "length", "abort")
 class _SchedulerCollector:
     """Reads the scheduler's counters when Prometheus scrapes."""
 
-    def __init__(self, stats: Callable[[], dict], model_name: str) -> None:
+    def __init__(self, stats: Callable[[], dict[str, Any]], model_name: str) -> None:
         self._stats = stats
         self._labels = [model_name]
 
-    def collect(self) -> Iterable:
+    def collect(self) -> Iterator[Metric]:
         stats = self._stats()
         for name, key, doc in (
             ("num_requests_running", "num_requests_running", "Requests holding KV blocks and decoding."),
@@ -55,7 +59,7 @@ class _SchedulerCollector:
 class Metrics:
     """The server's metrics registry and the instruments the frontend updates."""
 
-    def __init__(self, model_name: str, scheduler_stats: Callable[[], dict]) -> None:
+    def __init__(self, model_name: str, scheduler_stats: Callable[[], dict[str, Any]]) -> None:
         self.registry = r = CollectorRegistry()
         m = [model_name]
         self.ttft = Histogram("trillium:time_to_first_token_seconds", "Request received to first token.",
@@ -90,7 +94,7 @@ class Metrics:
                                        registry=r)
         r.register(_SchedulerCollector(scheduler_stats, model_name))
 
-    def observe(self, record: UsageRecord, streams: Iterable) -> None:
+    def observe(self, record: UsageRecord, streams: Iterable[RequestStream]) -> None:
         """Count one finished request; ``streams`` are its choices' RequestStreams (for the
         inter-token intervals and prefix-cache counts)."""
         self.tenant_requests.labels(record.tenant, record.status).inc()

@@ -26,7 +26,7 @@ import os
 import re
 import secrets
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -38,6 +38,7 @@ else:  # pragma: no cover - Python 3.10
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 _HASH = re.compile(r"(?:sha256:)?([0-9a-fA-F]{64})")
+_T = TypeVar("_T")
 KEY_PREFIX = "sk-trl-"
 
 
@@ -115,7 +116,7 @@ def load_access_config(path: str) -> AccessConfig:
     return parse_access_config(raw, base_dir=os.path.dirname(os.path.abspath(path)), source=path)
 
 
-def _convert(raw: Any, kind: type, source: str, where: str = ""):
+def _convert(raw: Any, kind: type[_T], source: str, where: str = "") -> _T:
     """``msgspec.convert`` whose error names the entry: `tenants.acme.keys[0]`, not `$...`."""
     try:
         return msgspec.convert(raw, kind)
@@ -128,7 +129,7 @@ def _convert(raw: Any, kind: type, source: str, where: str = ""):
         raise ConfigError(f"{source}: {text}") from None
 
 
-def parse_access_config(raw: dict, *, base_dir: str, source: str = "config") -> AccessConfig:
+def parse_access_config(raw: dict[str, Any], *, base_dir: str, source: str = "config") -> AccessConfig:
     file = _convert(raw, _File, source)
     if not file.tenants:
         raise ConfigError(f"{source}: [tenants] must name at least one tenant")

@@ -3,12 +3,16 @@
 from trillium.protocol.messages import (
     AbortRequest,
     AddRequest,
+    DetokenizeRequest,
+    DetokenizeResult,
     FinishReason,
+    SamplingParamError,
     SamplingParams,
     TokenDelta,
     TokenizeRequest,
     TokenizeResult,
 )
+from trillium.protocol.stats import GrammarStats, SchedulerStats
 from trillium.protocol.step import ScheduledRequest, StepInput, StepOutput
 from trillium.protocol.structured import CompileGrammar, GrammarCompiled, StructuredOutputs
 
@@ -16,10 +20,15 @@ __all__ = [
     "AbortRequest",
     "AddRequest",
     "CompileGrammar",
+    "DetokenizeRequest",
+    "DetokenizeResult",
     "FinishReason",
     "GrammarCompiled",
+    "GrammarStats",
+    "SamplingParamError",
     "SamplingParams",
     "ScheduledRequest",
+    "SchedulerStats",
     "StepInput",
     "StepOutput",
     "StructuredOutputs",

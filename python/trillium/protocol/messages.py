@@ -28,6 +28,20 @@ class FinishReason(enum.IntEnum):
         return ("stop", "length", "abort", "error")[self]
 
 
+MAX_STOP_STRINGS = 16
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
+# Seeds seed a torch.Generator, which takes a 64-bit value (negative ones wrap, as in torch).
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
+class SamplingParamError(ValueError):
+    """A sampling parameter out of range; ``param`` names it (the server's 400 carries it)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param} {message}")
+        self.param = param
+
+
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """How to pick the next tokens of one request.
 
@@ -61,18 +75,46 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def __post_init__(self) -> None:
+        """The one place sampling ranges are checked (the server maps the error to a 400 naming
+        ``param``). Vocabulary-dependent checks are in :meth:`check_vocab`."""
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if not 0.0 <= self.temperature <= 2.0:
-            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
+            raise SamplingParamError("max_tokens", f"must be at least 1, got {self.max_tokens}")
+        _check_range("temperature", self.temperature, 0.0, 2.0)
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SamplingParamError("top_p", f"must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or at least 1, got {self.top_k}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty <= 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise SamplingParamError("top_k", f"must be -1 (disabled) or at least 1, got {self.top_k}")
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        if not self.repetition_penalty > 0.0:
+            raise SamplingParamError("repetition_penalty", f"must be greater than 0, got {self.repetition_penalty}")
+        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
+            raise SamplingParamError("min_tokens", f"must be between 0 and max_tokens, got {self.min_tokens}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise SamplingParamError("stop", f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise SamplingParamError("seed", f"must be between {SEED_MIN} and {SEED_MAX}, got {self.seed}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise SamplingParamError("logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
+        for token_id, bias in self.logit_bias.items():
+            if not -100.0 <= bias <= 100.0:
+                raise SamplingParamError("logit_bias", f"values must be between -100 and 100, got {bias} "
+                                                       f"for token {token_id}")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids in ``stop_token_ids`` and ``logit_bias`` must be in ``[0, vocab_size)``."""
+        if any(not 0 <= t < vocab_size for t in self.stop_token_ids):
+            raise SamplingParamError("stop_token_ids", f"must be in [0, {vocab_size})")
+        for token_id in self.logit_bias:
+            if not 0 <= token_id < vocab_size:
+                raise SamplingParamError("logit_bias", f"token id {token_id} is outside the vocabulary "
+                                                       f"[0, {vocab_size})")
+
+
+def _check_range(param: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise SamplingParamError(param, f"must be between {low:g} and {high:g}, got {value}")
 
 
 class AddRequest(msgspec.Struct, gc=False, kw_only=True):
@@ -124,8 +166,9 @@ class TokenizeRequest(msgspec.Struct, gc=False, kw_only=True):
     """
 
     prompt: str | None = None
-    messages: list[dict] | None = None
-    add_generation_prompt: bool = True
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool = True  # raw text only: the tokenizer's BOS (chat templates bring their own)
+    add_generation_prompt: bool = True  # chat only: end with the assistant turn's header
     reply: Any = None
 
 
@@ -133,4 +176,20 @@ class TokenizeResult(msgspec.Struct, gc=False):
     """Tokenizer -> frontend: the prompt ids, or the error that prevented them."""
 
     token_ids: list[int]
+    error: str | None = None
+
+
+class DetokenizeRequest(msgspec.Struct, gc=False):
+    """Frontend -> tokenizer: decode token ids to text (special tokens skipped).
+
+    ``reply`` is a one-shot sink that receives a :class:`DetokenizeResult`."""
+
+    token_ids: list[int]
+    reply: Any = None
+
+
+class DetokenizeResult(msgspec.Struct, gc=False):
+    """Tokenizer -> frontend: the text, or the error that prevented it."""
+
+    text: str
     error: str | None = None

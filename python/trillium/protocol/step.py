@@ -26,7 +26,6 @@ class ScheduledRequest(msgspec.Struct, gc=False, kw_only=True):
     block_ids: list[int]
     sample: bool
     sampling: SamplingParams
-    num_output_tokens: int = 0
     # Only when ``sample`` and the params need history (penalties): prompt and output ids so far.
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None

@@ -1,6 +1,6 @@
-"""Actor runtime: actor base, supervisor, bounded channels, mailboxes. Knows nothing of LLMs."""
+"""Actor runtime: actor base, supervisor, bounded channels, mailboxes, snapshots. Knows nothing of LLMs."""
 
-from trillium.runtime.actor import Actor
+from trillium.runtime.actor import Actor, Sink
 from trillium.runtime.channels import (
     GRAMMAR_INBOX_BOUND,
     INBOX_BOUND,
@@ -9,6 +9,7 @@ from trillium.runtime.channels import (
     open_inbox,
 )
 from trillium.runtime.mailbox import Mailbox, MailboxClosed
+from trillium.runtime.snapshot import Snapshot
 from trillium.runtime.supervisor import Supervisor
 
 __all__ = [
@@ -19,6 +20,8 @@ __all__ = [
     "Actor",
     "Mailbox",
     "MailboxClosed",
+    "Sink",
+    "Snapshot",
     "Supervisor",
     "open_inbox",
 ]

@@ -19,3 +19,12 @@ class Actor(abc.ABC):
     @abc.abstractmethod
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; call ``task_status.started()`` once ready for messages."""
+
+
+class Sink(Actor):
+    """An actor that only receives (the metering actor): the supervisor starts it first and, once
+    nothing can send to it any more, calls :meth:`stop` so that it flushes what is queued."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Make :meth:`run` write what is queued and return. Synchronous; idempotent."""

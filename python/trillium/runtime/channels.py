@@ -6,6 +6,8 @@ HTTP 429/503 with ``Retry-After`` instead of an unbounded queue.
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 
 # Requests waiting to be picked up by the scheduler between two steps. A step takes tens of
@@ -24,6 +26,7 @@ GRAMMAR_INBOX_BOUND = 64
 METERING_INBOX_BOUND = 4096
 
 
-def open_inbox(bound: int) -> tuple[trio.MemorySendChannel, trio.MemoryReceiveChannel]:
-    """A bounded inbox; the bound is one of the named constants above."""
-    return trio.open_memory_channel(bound)
+def open_inbox(bound: int) -> tuple[trio.MemorySendChannel[Any], trio.MemoryReceiveChannel[Any]]:
+    """A bounded inbox; the bound is one of the named constants above. Inboxes carry an actor's
+    union of message types, which the actor dispatches on."""
+    return trio.open_memory_channel[Any](bound)

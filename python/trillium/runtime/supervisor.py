@@ -14,7 +14,7 @@ import signal
 
 import trio
 
-from trillium.runtime.actor import Actor
+from trillium.runtime.actor import Actor, Sink
 
 log = logging.getLogger("trillium.runtime")
 
@@ -23,7 +23,7 @@ class Supervisor:
     """Owns the nursery that all actors live in."""
 
     def __init__(self, actors: list[Actor], *, draining: trio.Event | None = None, drain_timeout: float = 10.0,
-                 sinks: list[Actor] | None = None) -> None:
+                 sinks: list[Sink] | None = None) -> None:
         self.actors = actors
         self.sinks = sinks or []  # each has a synchronous ``stop()``: flush what is queued, then return
         self.drain_timeout = drain_timeout
@@ -79,6 +79,7 @@ class Supervisor:
                     # raising KeyboardInterrupt) runs the same cleanup, sinks included, and
                     # ends the server normally instead of with an exception group.
                     log.info("stopping now")
-                    self._actors_scope.cancel()
+                    if self._actors_scope is not None:
+                        self._actors_scope.cancel()
                     return
                 self.request_shutdown()

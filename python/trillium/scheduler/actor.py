@@ -1,9 +1,10 @@
 """SchedulerActor: the async shell around :class:`SchedulerPolicy` and the executor.
 
-Loop: take messages → plan a step → run it in a worker thread (the event loop stays free
-for HTTP, ``/health`` included) → apply the result → deliver :class:`TokenDelta`s. Messages
-that arrive while a step runs wait in the bounded inbox and are applied before the next
-plan, so the policy is only ever touched from the event loop.
+Loop: take messages → schedule a step → run it in a worker thread (the event loop stays free
+for HTTP, ``/health`` included) → update requests and deliver :class:`TokenDelta`s → publish a
+:class:`SchedulerStats` snapshot. Messages that arrive while a step runs wait in the bounded
+inbox and are applied before the next schedule, so the policy is only ever touched from the
+event loop.
 """
 
 from __future__ import annotations
@@ -14,10 +15,18 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from trillium.protocol import AbortRequest, AddRequest, FinishReason, StepInput, StepOutput, TokenDelta
-from trillium.runtime import Actor
+from trillium.protocol import (
+    AbortRequest,
+    AddRequest,
+    FinishReason,
+    SchedulerStats,
+    StepInput,
+    StepOutput,
+    TokenDelta,
+)
+from trillium.runtime import Actor, Snapshot
 from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace
-from trillium.scheduler.policy import RequestUpdate, SchedulerConfig, SchedulerPolicy
+from trillium.scheduler.policy import RequestUpdate, SchedulerConfig, SchedulerPolicy, StepPlan
 from trillium.scheduler.request import Request
 
 if TYPE_CHECKING:
@@ -57,8 +66,10 @@ class SchedulerActor(Actor):
         config: SchedulerConfig,
         kv: KVBlockManager,
         executor: Executor,
-        inbox: trio.MemoryReceiveChannel,
+        inbox: trio.MemoryReceiveChannel[AddRequest | AbortRequest],
         bitmask_filler: BitmaskFiller | None = None,
+        *,
+        stats: Snapshot[SchedulerStats] | None = None,
     ) -> None:
         self.policy = SchedulerPolicy(config, kv)
         self.executor = executor
@@ -69,18 +80,24 @@ class SchedulerActor(Actor):
         self.num_steps = 0
         self.step_seconds = 0.0  # time inside executor.execute, for /stats and benchmarks
         self.num_step_tokens = 0
+        # Where /stats and /metrics read this actor's counters: replaced whole, never read back.
+        self.stats = stats if stats is not None else Snapshot(SchedulerStats())
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._publish_stats()
         task_status.started()
         try:
             while True:
                 self._drain_inbox()
-                if not self.policy.has_work():
+                if self.policy.has_work():
+                    await self._step()
+                else:
+                    self._publish_stats()
                     self._apply(await self.inbox.receive())
-                    continue
-                await self._step()
+                self._publish_stats()
         finally:
             self._abort_all()
+            self._publish_stats()
 
     # ---- messages ----------------------------------------------------------------------------
 
@@ -92,7 +109,7 @@ class SchedulerActor(Actor):
                 return
             self._apply(message)
 
-    def _apply(self, message) -> None:
+    def _apply(self, message: AddRequest | AbortRequest) -> None:
         if isinstance(message, AddRequest):
             self._add(message)
         elif isinstance(message, AbortRequest):
@@ -129,14 +146,26 @@ class SchedulerActor(Actor):
     # ---- steps -------------------------------------------------------------------------------
 
     async def _step(self) -> None:
+        """One step: schedule → run → update (and deliver)."""
         self._abort_disconnected()
         plan = self.policy.schedule()
+        self._publish_stats()  # admissions and preemptions show while the step runs
         if not plan.scheduled:
-            # Nothing fits right now: wait briefly for a message (an abort may free blocks)
-            # rather than spin.
-            with trio.move_on_after(0.05):
-                self._apply(await self.inbox.receive())
+            await self._wait_for_room()
             return
+        output = await self._run(plan)
+        if output is not None:
+            self._update(plan, output)
+
+    async def _wait_for_room(self) -> None:
+        """Nothing fits right now: wait briefly for a message (an abort may free blocks) rather
+        than spin."""
+        with trio.move_on_after(0.05):
+            self._apply(await self.inbox.receive())
+
+    async def _run(self, plan: StepPlan) -> StepOutput | None:
+        """Run the plan's step in the executor thread (masks filled meanwhile). On failure, fail
+        its requests with ERROR (blocks freed, the server keeps serving) and return None."""
         step_bitmask = self._begin_bitmask(plan)
         now = time.monotonic()
         for request, _ in plan.scheduled:
@@ -151,17 +180,20 @@ class SchedulerActor(Actor):
             log.exception("step failed; failing its %d requests", len(plan.scheduled))
             for request in self.policy.fail(plan):
                 self._deliver_error(request, f"internal error: {type(exc).__name__}: {exc}")
-            return
+            return None
         self.num_steps += 1
         self.step_seconds += time.perf_counter() - start
-        if step_bitmask is not None:
-            self.bitmask_filler.end_step(step_bitmask)  # the runner waited for the fill before sampling
         self.num_step_tokens += sum(n for _, n in plan.scheduled)
-        now = time.monotonic()
-        for update in self.policy.update(plan, output):
-            self._deliver(update, now)
+        if self.bitmask_filler is not None:
+            self.bitmask_filler.end_step(step_bitmask)  # the runner waited for the fill before sampling
+        return output
 
-    def _begin_bitmask(self, plan) -> StepBitmask | None:
+    def _update(self, plan: StepPlan, output: StepOutput) -> None:
+        """Apply the step's tokens to the requests and deliver each one's delta."""
+        for update in self.policy.update(plan, output):
+            self._deliver(update)
+
+    def _begin_bitmask(self, plan: StepPlan) -> StepBitmask | None:
         """Start filling the masks of this step's constrained sampling rows (grammar thread)."""
         if self.bitmask_filler is None:
             return None
@@ -172,10 +204,9 @@ class SchedulerActor(Actor):
         plan.step_input.bitmask = step_bitmask
         return step_bitmask
 
-    def _deliver(self, update: RequestUpdate, now: float) -> None:
+    def _deliver(self, update: RequestUpdate) -> None:
         request = update.request
-        if request.first_token_time is None:
-            request.first_token_time = now
+        assert request.first_scheduled_time is not None  # it was in the step that produced the update
         request.reply.put(
             TokenDelta(request.request_id, update.new_token_ids, update.finish_reason, request.num_prompt_tokens,
                        update.error, num_cached_tokens=request.num_cached_tokens or 0, logprobs=update.logprobs,
@@ -201,23 +232,27 @@ class SchedulerActor(Actor):
                 request.reply.put(TokenDelta(request_id, [], FinishReason.ABORT, request.num_prompt_tokens))
                 request.reply.close()
 
-    # ---- introspection (for /health, tests and metrics) ----------------------------------------
+    # ---- introspection (for /stats, /metrics, tests and benchmarks) ----------------------------
 
-    def stats(self) -> dict:
+    def _publish_stats(self) -> None:
+        """Publish the counters as a new immutable snapshot (a few microseconds)."""
         kv = self.policy.kv
-        return {
-            "num_requests_running": self.policy.num_running,
-            "num_requests_waiting": self.policy.num_waiting,
-            "num_free_blocks": kv.num_free_blocks,
-            "num_total_blocks": kv.num_total_blocks,
-            "num_cached_blocks": kv.num_cached_blocks,
-            # held by requests: neither free nor reclaimable from the prefix cache
-            "num_blocks_in_use": kv.num_total_blocks - kv.num_reclaimable_blocks,
-            "kv_cache_usage_perc": round(1 - kv.num_reclaimable_blocks / kv.num_total_blocks, 4),
-            "num_preemptions": self.policy.num_preemptions,
-            "num_steps": self.num_steps,
-            "num_step_tokens": self.num_step_tokens,
-            "step_seconds": round(self.step_seconds, 3),
-            "num_forced_tokens": self.policy.num_forced_tokens,
-            **(self.bitmask_filler.stats() if self.bitmask_filler is not None else {}),
-        }
+        filler = self.bitmask_filler
+        self.stats.publish(SchedulerStats(
+            num_requests_running=self.policy.num_running,
+            num_requests_waiting=self.policy.num_waiting,
+            num_free_blocks=kv.num_free_blocks,
+            num_total_blocks=kv.num_total_blocks,
+            num_cached_blocks=kv.num_cached_blocks,
+            num_blocks_in_use=kv.num_total_blocks - kv.num_reclaimable_blocks,
+            kv_cache_usage_perc=round(1 - kv.num_reclaimable_blocks / kv.num_total_blocks, 4),
+            num_preemptions=self.policy.num_preemptions,
+            num_steps=self.num_steps,
+            num_step_tokens=self.num_step_tokens,
+            step_seconds=round(self.step_seconds, 3),
+            num_forced_tokens=self.policy.num_forced_tokens,
+            grammar_steps=filler.num_steps if filler is not None else 0,
+            grammar_masks=filler.num_rows if filler is not None else 0,
+            grammar_fill_seconds=round(filler.fill_seconds, 4) if filler is not None else 0.0,
+            grammar_wait_seconds=round(filler.wait_seconds, 4) if filler is not None else 0.0,
+        ))

@@ -15,8 +15,12 @@ speculative drafts, and never after a failed step.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 from trillium.scheduler.request import Request
+
+if TYPE_CHECKING:
+    from trillium._core import BlockAllocator, RadixTree
 
 
 def cache_namespace(model: str, cache_salt: str | None) -> int:
@@ -28,7 +32,7 @@ def cache_namespace(model: str, cache_salt: str | None) -> int:
 class KVBlockManager:
     """The only writer of block references. Runs on the scheduler's thread."""
 
-    def __init__(self, allocator, block_size: int, prefix_cache=None) -> None:
+    def __init__(self, allocator: BlockAllocator, block_size: int, prefix_cache: RadixTree | None = None) -> None:
         self.allocator = allocator
         self.block_size = block_size
         self.tree = prefix_cache  # a _core.RadixTree over ``allocator``, or None (disabled)
@@ -111,6 +115,7 @@ class KVBlockManager:
         if cache:
             self.commit(request)
         if request.cache_handle is not None:
+            assert self.tree is not None  # handles come only from the tree
             self.tree.unlock(request.cache_handle)
             request.cache_handle = None
         if request.block_ids:

@@ -46,7 +46,8 @@ class RequestUpdate:
     request: Request
     new_token_ids: list[int]
     finish_reason: FinishReason | None
-    logprobs: list | None = None  # one (chosen logprob, top alternatives) per new token
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None  # one (chosen logprob, top
+    #                                                                      alternatives) per new token
     error: str | None = None  # with FinishReason.ERROR: what went wrong
 
 
@@ -185,7 +186,6 @@ class SchedulerPolicy:
         self.running.remove(request)
         self.kv.release(request)  # its computed blocks stay cached: readmission recomputes little
         request.status = RequestStatus.WAITING
-        request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
@@ -226,9 +226,7 @@ class SchedulerPolicy:
         self.num_forced_tokens += len(forced)
         if matcher.is_terminated:
             return FinishReason.STOP, None
-        if len(request.output_token_ids) >= request.max_tokens or request.num_tokens >= self.config.max_model_len:
-            return FinishReason.LENGTH, None
-        return None, None
+        return (FinishReason.LENGTH if self._length_reached(request) else None), None
 
     def _check_stop(self, request: Request, token_id: int) -> FinishReason | None:
         sampling = request.sampling
@@ -237,11 +235,13 @@ class SchedulerPolicy:
                 return FinishReason.STOP
             if token_id in sampling.stop_token_ids:
                 return FinishReason.STOP
-        if len(request.output_token_ids) >= request.max_tokens:
-            return FinishReason.LENGTH
-        if request.num_tokens >= self.config.max_model_len:
+        if self._length_reached(request):
             return FinishReason.LENGTH
         return None
+
+    def _length_reached(self, request: Request) -> bool:
+        """``max_tokens`` output tokens, or the context is full."""
+        return len(request.output_token_ids) >= request.max_tokens or request.num_tokens >= self.config.max_model_len
 
     def _scheduled_request(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
@@ -255,7 +255,6 @@ class SchedulerPolicy:
             block_ids=list(request.block_ids),
             sample=sample,
             sampling=request.sampling,
-            num_output_tokens=len(request.output_token_ids),
             prompt_token_ids=request.prompt_token_ids if history else None,
             output_token_ids=list(request.output_token_ids) if history else None,
         )

@@ -26,7 +26,7 @@ class Request:
     __slots__ = (
         "request_id", "prompt_token_ids", "output_token_ids", "sampling", "max_tokens",
         "reply", "status", "num_computed_tokens", "block_ids", "finish_reason",
-        "arrival_time", "first_scheduled_time", "first_token_time", "num_preemptions",
+        "arrival_time", "first_scheduled_time",
         "cache_namespace", "cache_handle", "num_inserted_blocks", "num_cached_tokens", "matcher",
     )
 
@@ -53,8 +53,6 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None  # monotonic time of its first step
-        self.first_token_time: float | None = None
-        self.num_preemptions = 0
         self.cache_namespace = cache_namespace  # prefix-cache namespace (model + tenant salt)
         self.cache_handle: int | None = None  # locked prefix-cache node while blocks are held
         self.num_inserted_blocks = 0  # leading blocks already offered to the prefix cache

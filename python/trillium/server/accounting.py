@@ -165,8 +165,7 @@ class RequestAccount:
         record.num_choices = fanout.n
         reasons = [s.finish_reason for s in fanout.streams] + [None] * (fanout.n - len(fanout.streams))
         # Worst over the choices; a choice that never finished counts as aborted.
-        rank = max(_REASON_RANK[r] if r is not None else _REASON_RANK[FinishReason.ABORT] for r in reasons)
-        worst = next(r for r, k in _REASON_RANK.items() if k == rank)
+        worst = max((FinishReason.ABORT if r is None else r for r in reasons), key=_REASON_RANK.__getitem__)
         record.finish_reason = worst.openai_name
         if worst == FinishReason.ERROR or _is_bug(error):
             record.status = FAILED

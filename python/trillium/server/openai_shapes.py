@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from trillium.protocol import FinishReason
-from trillium.request_stream import RequestStream, StreamOutput
+from trillium.engine_client import RequestStream, StreamOutput
 
 
 class ChoiceFanout:

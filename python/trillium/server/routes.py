@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from trillium.engine_client import EngineClient, EngineOverloaded, TokenizeError
 from trillium.protocol import FinishReason
+from trillium.protocol.messages import SEED_MAX
 from trillium.server import sse
 from trillium.server.accounting import Accounting, RequestAccount
 from trillium.server.errors import APIError, overloaded
@@ -53,7 +54,8 @@ class Routes:
         return json_response({"status": "ok"})
 
     async def stats(self, request: Request) -> Response:
-        """Scheduler and KV-pool counters (llama.cpp's ``/slots`` idea; Prometheus comes later)."""
+        """Scheduler, KV-pool and grammar counters as JSON (llama.cpp's ``/slots`` idea; ``/metrics``
+        has the same gauges for Prometheus)."""
         return json_response(self.client.stats())
 
     async def models(self, request: Request) -> Response:
@@ -118,7 +120,7 @@ class Routes:
         sampling = self._limit_tokens(account, sampling, len(prompt_ids), body.n)
         echo = None
         if body.echo:
-            echo = prompt if isinstance(prompt, str) else self.client.tokenizer.decode(prompt_ids)
+            echo = prompt if isinstance(prompt, str) else await self._detokenize(prompt_ids, "prompt")
         return await self._run(body, prompt_ids, sampling, account, chat=False, echo=echo)
 
     async def tokenize(self, request: Request) -> Response:
@@ -130,9 +132,9 @@ class Routes:
             raise APIError("exactly one of prompt and messages is required", param="prompt")
         if body.messages is not None:
             messages = chat_messages(ChatCompletionRequest(messages=body.messages))
-            tokens = await self._tokenize(messages=messages)
+            tokens = await self._tokenize(messages=messages, add_generation_prompt=body.add_generation_prompt)
         else:
-            tokens = await trio.to_thread.run_sync(self.client.tokenizer.encode, body.prompt, body.add_special_tokens)
+            tokens = await self._tokenize(prompt=body.prompt, add_special_tokens=body.add_special_tokens)
         return json_response({"count": len(tokens), "max_model_len": self.client.max_model_len, "tokens": tokens})
 
     async def detokenize(self, request: Request) -> Response:
@@ -143,8 +145,7 @@ class Routes:
         vocab = self.client.model_config.vocab_size
         if any(not 0 <= t < vocab for t in body.tokens):
             raise APIError(f"tokens must be in [0, {vocab})", param="tokens")
-        text = await trio.to_thread.run_sync(self.client.tokenizer.decode, body.tokens)
-        return json_response({"prompt": text})
+        return json_response({"prompt": await self._detokenize(body.tokens, "tokens")})
 
     # ---- shared -------------------------------------------------------------------------------
 
@@ -162,6 +163,16 @@ class Routes:
             raise overloaded(str(exc)) from None
         except TokenizeError as exc:
             raise APIError(f"could not build the prompt: {exc}", param="messages") from None
+
+    async def _detokenize(self, token_ids: list[int], param: str) -> str:
+        if self.draining.is_set():
+            raise overloaded("server is shutting down")
+        try:
+            return await self.client.detokenize(token_ids)
+        except EngineOverloaded as exc:
+            raise overloaded(str(exc)) from None
+        except TokenizeError as exc:
+            raise APIError(f"could not decode the tokens: {exc}", param=param) from None
 
     async def _compile_grammar(self, body, constraint):
         """Compile the request's output constraint (each choice gets its own matcher from it)."""
@@ -199,7 +210,10 @@ class Routes:
         def open_choice(i: int):
             choice_sampling = sampling
             if i > 0 and sampling.seed is not None:
-                choice_sampling = msgspec.structs.replace(sampling, seed=sampling.seed + i)
+                seed = sampling.seed + i
+                if seed > SEED_MAX:  # wrap within the 64 bits a generator takes
+                    seed -= 2**64
+                choice_sampling = msgspec.structs.replace(sampling, seed=seed)
             choice_id = request_id if i == 0 else f"{request_id}-{i}"
             return self.client.open_stream(choice_id, prompt_ids, choice_sampling, cache_salt=body.cache_salt,
                                            grammar=grammar)

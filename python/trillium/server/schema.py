@@ -10,12 +10,12 @@ from typing import Any
 
 import msgspec
 
-from trillium.protocol import SamplingParams, StructuredOutputs
+from trillium.protocol.messages import MAX_LOGPROBS
+from trillium.protocol import SamplingParamError, SamplingParams, StructuredOutputs
 from trillium.server.errors import APIError
 
-MAX_STOP_STRINGS = 16
 MAX_N = 16
-MAX_TOP_LOGPROBS = 20
+MAX_TOP_LOGPROBS = MAX_LOGPROBS
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for legacy completions
 
 
@@ -145,60 +145,41 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict]:
 
 def sampling_params(request: _Common, max_tokens: int | None, default_max_tokens: int | None,
                     *, vocab_size: int, logprobs: int | None = None) -> SamplingParams:
-    """Range-check the request's sampling fields and build :class:`SamplingParams`."""
+    """Build :class:`SamplingParams` from the request; its ranges are checked there, once, and a
+    bad value becomes a 400 naming the field. Only request-shape checks live here."""
     if not 1 <= request.n <= MAX_N:
         raise APIError(f"n must be between 1 and {MAX_N}, got {request.n}", param="n")
-    if max_tokens is not None and max_tokens < 1:
-        raise APIError(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
-    temperature = 1.0 if request.temperature is None else request.temperature
-    if not 0.0 <= temperature <= 2.0:
-        raise APIError(f"temperature must be between 0 and 2, got {temperature}", param="temperature")
-    top_p = 1.0 if request.top_p is None else request.top_p
-    if not 0.0 < top_p <= 1.0:
-        raise APIError(f"top_p must be in (0, 1], got {top_p}", param="top_p")
-    top_k = -1 if request.top_k is None else request.top_k
-    if top_k == 0 or top_k < -1:
-        raise APIError(f"top_k must be -1 (disabled) or at least 1, got {top_k}", param="top_k")
-    min_p = 0.0 if request.min_p is None else request.min_p
-    if not 0.0 <= min_p <= 1.0:
-        raise APIError(f"min_p must be in [0, 1], got {min_p}", param="min_p")
-    penalties = {}
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(request, name)
-        value = 0.0 if value is None else value
-        if not -2.0 <= value <= 2.0:
-            raise APIError(f"{name} must be between -2 and 2, got {value}", param=name)
-        penalties[name] = value
-    repetition_penalty = 1.0 if request.repetition_penalty is None else request.repetition_penalty
-    if repetition_penalty <= 0.0:
-        raise APIError(f"repetition_penalty must be greater than 0, got {repetition_penalty}",
-                       param="repetition_penalty")
-    if request.min_tokens < 0 or (max_tokens is not None and request.min_tokens > max_tokens):
-        raise APIError(f"min_tokens must be between 0 and max_tokens, got {request.min_tokens}", param="min_tokens")
+    if request.stream_options is not None and not request.stream:
+        raise APIError("stream_options is only allowed when stream is true", param="stream_options")
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    if len(stop) > MAX_STOP_STRINGS:
-        raise APIError(f"at most {MAX_STOP_STRINGS} stop strings are allowed", param="stop")
-    stop_token_ids = list(request.stop_token_ids or [])
-    if any(not 0 <= t < vocab_size for t in stop_token_ids):
-        raise APIError(f"stop_token_ids must be in [0, {vocab_size})", param="stop_token_ids")
-    return SamplingParams(
-        max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        seed=request.seed,
-        stop=stop,
-        stop_token_ids=stop_token_ids,
-        ignore_eos=request.ignore_eos,
-        skip_special_tokens=request.skip_special_tokens,
-        repetition_penalty=repetition_penalty,
-        logit_bias=_logit_bias(request.logit_bias, vocab_size),
-        min_tokens=request.min_tokens,
-        logprobs=logprobs,
-        structured=structured_constraint(request),
-        **penalties,
-    )
+
+    def given(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    try:
+        sampling = SamplingParams(
+            max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
+            temperature=given(request.temperature, 1.0),
+            top_p=given(request.top_p, 1.0),
+            top_k=given(request.top_k, -1),
+            min_p=given(request.min_p, 0.0),
+            seed=request.seed,
+            stop=stop,
+            stop_token_ids=list(request.stop_token_ids or []),
+            ignore_eos=request.ignore_eos,
+            skip_special_tokens=request.skip_special_tokens,
+            presence_penalty=given(request.presence_penalty, 0.0),
+            frequency_penalty=given(request.frequency_penalty, 0.0),
+            repetition_penalty=given(request.repetition_penalty, 1.0),
+            logit_bias=_logit_bias(request.logit_bias),
+            min_tokens=request.min_tokens,
+            logprobs=logprobs,
+            structured=structured_constraint(request),
+        )
+        sampling.check_vocab(vocab_size)
+    except SamplingParamError as exc:
+        raise APIError(str(exc), param=exc.param) from None
+    return sampling
 
 
 _STRUCTURED_FIELDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -256,17 +237,12 @@ def completion_logprobs(request: CompletionRequest) -> int | None:
     return request.logprobs
 
 
-def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """JSON object keys are strings: parse them as token ids (ranges: SamplingParams)."""
     out: dict[int, float] = {}
     for key, value in (bias or {}).items():
         try:
-            token_id = int(key)
+            out[int(key)] = float(value)
         except ValueError:
             raise APIError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
-        if not 0 <= token_id < vocab_size:
-            raise APIError(f"logit_bias token id {token_id} is outside the vocabulary [0, {vocab_size})",
-                           param="logit_bias")
-        if not -100.0 <= value <= 100.0:
-            raise APIError(f"logit_bias values must be between -100 and 100, got {value}", param="logit_bias")
-        out[token_id] = float(value)
     return out

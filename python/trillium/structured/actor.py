@@ -13,9 +13,9 @@ import logging
 
 import trio
 
-from trillium.protocol import CompileGrammar, GrammarCompiled
-from trillium.runtime import Actor
-from trillium.structured.compiler import GrammarCompiler, GrammarError
+from trillium.protocol import CompileGrammar, GrammarCompiled, GrammarStats, StructuredOutputs
+from trillium.runtime import Actor, Snapshot
+from trillium.structured.compiler import CompiledGrammar, GrammarCompiler, GrammarError
 
 log = logging.getLogger("trillium.structured")
 
@@ -26,13 +26,15 @@ GRAMMAR_THREADS = 2  # compiles at once; the rest queue on the limiter (inside t
 class GrammarActor(Actor):
     name = "grammar"
 
-    def __init__(self, compiler: GrammarCompiler, inbox: trio.MemoryReceiveChannel,
-                 timeout_s: float = COMPILE_TIMEOUT_S) -> None:
+    def __init__(self, compiler: GrammarCompiler, inbox: trio.MemoryReceiveChannel[object],
+                 stats: Snapshot[GrammarStats] | None = None, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
         self.compiler = compiler
         self.inbox = inbox
         self.timeout_s = timeout_s
         self._limiter = trio.CapacityLimiter(GRAMMAR_THREADS)
         self.num_timeouts = 0
+        # Where /stats reads this actor's counters: replaced after every answer.
+        self.stats = stats if stats is not None else Snapshot(GrammarStats())
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -48,12 +50,13 @@ class GrammarActor(Actor):
             result = GrammarCompiled(await self.compile(message.constraint))
         except GrammarError as exc:
             result = GrammarCompiled(None, str(exc))
+        self._publish_stats()
         try:
             message.reply.send_nowait(result)
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
             pass  # the asker went away
 
-    async def compile(self, constraint):
+    async def compile(self, constraint: StructuredOutputs) -> CompiledGrammar:
         """The compiled grammar for ``constraint``. Raises GrammarError (malformed, rejected by
         llguidance, or over the time limit)."""
         hit = self.compiler.cached(constraint)  # raises GrammarError when malformed
@@ -72,6 +75,7 @@ class GrammarActor(Actor):
             log.exception("grammar compile failed")
             raise GrammarError(f"could not compile the constraint: {exc}") from None
 
-    def stats(self) -> dict:
-        return {"grammars_compiled": self.compiler.num_compiled, "grammar_cache_hits": self.compiler.num_cache_hits,
-                "grammar_compile_timeouts": self.num_timeouts}
+    def _publish_stats(self) -> None:
+        self.stats.publish(GrammarStats(grammars_compiled=self.compiler.num_compiled,
+                                        grammar_cache_hits=self.compiler.num_cache_hits,
+                                        grammar_compile_timeouts=self.num_timeouts))

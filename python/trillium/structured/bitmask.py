@@ -30,7 +30,7 @@ class StepBitmask:
     """The masks of one step. ``rows[i]`` is the bitmask row of the step's i-th scheduled request,
     or -1 when it is unconstrained or does not sample this step."""
 
-    def __init__(self, tensor: torch.Tensor, rows: list[int], future: Future) -> None:
+    def __init__(self, tensor: torch.Tensor, rows: list[int], future: Future[None]) -> None:
         self.tensor = tensor  # [num_constrained, W] int32: a view of the filler's buffer
         self.rows = rows
         self._future = future
@@ -38,12 +38,9 @@ class StepBitmask:
 
     def wait(self) -> None:
         """Block until the fill is done; re-raises its error."""
-        if not self._future.done():
-            start = time.perf_counter()
-            self._future.result()
-            self.wait_seconds = time.perf_counter() - start
-        else:
-            self._future.result()
+        start = time.perf_counter()
+        self._future.result()
+        self.wait_seconds = time.perf_counter() - start
 
     def apply(self, logits: torch.Tensor, request_rows: list[int]) -> None:
         """Mask ``logits`` [S, V] in place; row j belongs to scheduled request ``request_rows[j]``."""
@@ -62,7 +59,7 @@ class BitmaskFiller:
         threads = num_threads or max(1, min(8, (os.cpu_count() or 2) // 2))
         self._executor = llguidance.LLExecutor(num_threads=threads)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
-        self._last: Future | None = None
+        self._last: Future[None] | None = None
         self.num_steps = 0
         self.num_rows = 0
         self.fill_seconds = 0.0  # time spent filling masks (overlapped with the forward pass)
@@ -103,14 +100,6 @@ class BitmaskFiller:
         start = time.perf_counter()
         self._executor.unsafe_compute_mask_ptr(jobs, tensor.data_ptr(), tensor.shape[1] * 4, tensor.shape[0])
         self.fill_seconds += time.perf_counter() - start
-
-    def stats(self) -> dict:
-        return {
-            "grammar_steps": self.num_steps,
-            "grammar_masks": self.num_rows,
-            "grammar_fill_seconds": round(self.fill_seconds, 4),
-            "grammar_wait_seconds": round(self.wait_seconds, 4),
-        }
 
     def close(self) -> None:
         self._thread.shutdown(wait=False)

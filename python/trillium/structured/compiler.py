@@ -13,12 +13,17 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 
 from trillium.protocol import StructuredOutputs
 from trillium.structured.matcher import GrammarMatcher
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a stub-only TypedDict
+
+    from trillium.tokenizer.tokenizer import Tokenizer
 
 CACHE_SIZE = 256  # compiled grammars kept; an agent fleet reuses a handful of schemas
 
@@ -26,7 +31,7 @@ CACHE_SIZE = 256  # compiled grammars kept; an agent fleet reuses a handful of s
 # newlines until max_tokens runs out; ", " / ": " would also be fine, but one form suffices.
 # oneOf is compiled as anyOf: exact when the branches are disjoint (nearly always in practice);
 # otherwise an output matching two branches gets through (JSONSchemaBench counts such cases).
-JSON_OPTIONS = {"whitespace_flexible": False, "coerce_one_of": True}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "coerce_one_of": True}
 
 # llguidance's own resource limits bound the work of one compile (its "fuel"); the actor's
 # wall-clock limit is the second line of defence.
@@ -38,7 +43,7 @@ class GrammarError(ValueError):
     ``param`` names the request field it came from (set by the frontend)."""
 
 
-def build_ll_tokenizer(tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
+def build_ll_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
     """llguidance's view of our tokenizer (its ``tokenizers`` JSON, the model's vocabulary size and
     EOS ids). Takes ~0.3 s for a 50k vocabulary: build once per engine."""
     return llguidance.LLTokenizer(tokenizer._backend.to_str(), n_vocab=vocab_size,

@@ -1,4 +1,4 @@
-"""TokenizerActor: renders chat templates and encodes prompts off the event loop.
+"""TokenizerActor: renders chat templates, encodes prompts and decodes token ids off the event loop.
 
 A fixed number of worker tasks read the bounded inbox, so a burst of long prompts queues
 (and eventually pushes back on the frontend) instead of spawning unbounded threads.
@@ -7,22 +7,28 @@ A fixed number of worker tasks read the bounded inbox, so a burst of long prompt
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, TypeAlias
 
 import trio
 
-from trillium.protocol import TokenizeRequest, TokenizeResult
+from trillium.protocol import DetokenizeRequest, DetokenizeResult, TokenizeRequest, TokenizeResult
 from trillium.runtime import Actor
+
+if TYPE_CHECKING:
+    from trillium.tokenizer.tokenizer import Tokenizer
 
 log = logging.getLogger("trillium.tokenizer")
 
 # Encoding threads. Tokenization is short next to a model step; one thread per core at most.
 NUM_TOKENIZER_WORKERS = 2
 
+_Request: TypeAlias = "TokenizeRequest | DetokenizeRequest"
+
 
 class TokenizerActor(Actor):
     name = "tokenizer"
 
-    def __init__(self, tokenizer, inbox: trio.MemoryReceiveChannel) -> None:
+    def __init__(self, tokenizer: Tokenizer, inbox: trio.MemoryReceiveChannel[_Request]) -> None:
         self.tokenizer = tokenizer
         self.inbox = inbox
         self._limiter = trio.CapacityLimiter(NUM_TOKENIZER_WORKERS)
@@ -33,15 +39,23 @@ class TokenizerActor(Actor):
                 nursery.start_soon(self._worker, self.inbox.clone())
             task_status.started()
 
-    async def _worker(self, inbox: trio.MemoryReceiveChannel) -> None:
+    async def _worker(self, inbox: trio.MemoryReceiveChannel[_Request]) -> None:
         async with inbox:
             async for message in inbox:
+                result: TokenizeResult | DetokenizeResult
                 try:
-                    ids = await trio.to_thread.run_sync(self.encode, message, limiter=self._limiter)
-                    result = TokenizeResult(ids)
+                    if isinstance(message, DetokenizeRequest):
+                        text = await trio.to_thread.run_sync(self.tokenizer.decode, message.token_ids,
+                                                             limiter=self._limiter)
+                        result = DetokenizeResult(text)
+                    else:
+                        ids = await trio.to_thread.run_sync(self.encode, message, limiter=self._limiter)
+                        result = TokenizeResult(ids)
                 except Exception as exc:  # a bad template or input fails this request only
-                    log.warning("tokenize failed: %s", exc)
-                    result = TokenizeResult([], f"{type(exc).__name__}: {exc}")
+                    log.warning("%s failed: %s", type(message).__name__, exc)
+                    error = f"{type(exc).__name__}: {exc}"
+                    result = DetokenizeResult("", error) if isinstance(message, DetokenizeRequest) \
+                        else TokenizeResult([], error)
                 try:
                     message.reply.send_nowait(result)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -54,4 +68,5 @@ class TokenizerActor(Actor):
                 message.messages, add_generation_prompt=message.add_generation_prompt
             )
             return self.tokenizer.encode(text, add_special_tokens=False)
-        return self.tokenizer.encode(message.prompt, add_special_tokens=True)
+        assert message.prompt is not None  # EngineClient sets exactly one of prompt and messages
+        return self.tokenizer.encode(message.prompt, add_special_tokens=message.add_special_tokens)

@@ -55,7 +55,8 @@ def byte_level_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
 
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's reversible byte -> printable unicode character mapping."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
     mapping, extra = {}, 0
     for byte in range(256):
         if byte in printable:
@@ -87,7 +88,7 @@ def build_gguf_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
     # A few converters store tokens as raw text instead of the byte alphabet; re-spell those.
     spelled = [t if set(t) <= allowed else "".join(alphabet[b] for b in t.encode("utf-8")) for t in tokens]
     vocab = {token: index for index, token in enumerate(spelled)}
-    merges = [tuple(m.split(" ", 1)) for m in merges_raw]
+    merges = [(left, right) for left, right in (m.split(" ", 1) for m in merges_raw)]
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tokenizer.pre_tokenizer = byte_level_pre_tokenizer(metadata.get("tokenizer.ggml.pre"))
     tokenizer.decoder = decoders.ByteLevel()

@@ -178,21 +178,23 @@ def load_tokenizer(path: str) -> Tokenizer:
     raise ValueError(f"cannot load a tokenizer from {path!r}: expected a .gguf file or a directory")
 
 
-def _read_json(path: str, name: str) -> dict:
+def _read_json(path: str, name: str) -> dict[str, Any]:
     full = os.path.join(path, name)
     if not os.path.exists(full):
         return {}
     with open(full, encoding="utf-8") as f:
-        return json.load(f)
+        config: dict[str, Any] = json.load(f)
+    return config
 
 
 def _first_id(value: Any) -> int | None:
     if isinstance(value, list):
-        return value[0] if value else None
-    return value
+        value = value[0] if value else None
+    token_id: int | None = value
+    return token_id
 
 
-def _hf_chat_template(path: str, tok_cfg: dict) -> str | None:
+def _hf_chat_template(path: str, tok_cfg: dict[str, Any]) -> str | None:
     jinja_file = os.path.join(path, "chat_template.jinja")
     if os.path.exists(jinja_file):
         with open(jinja_file, encoding="utf-8") as f:
