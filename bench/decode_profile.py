@@ -49,6 +49,7 @@ def main() -> None:
             finally:
                 seconds[name] += time.perf_counter() - start
                 calls[name] += 1
+
         return wrapper
 
     for name in OPS:  # module-level functions the layers call
@@ -69,16 +70,35 @@ def main() -> None:
         seconds.clear()
         calls.clear()
         start = time.perf_counter()
-        outs = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True,
-                                                    temperature=args.temperature, top_p=args.top_p, top_k=args.top_k))
+        outs = llm.generate(
+            prompts,
+            SamplingParams(
+                max_tokens=args.max_tokens,
+                ignore_eos=True,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                top_k=args.top_k,
+            ),
+        )
         wall = time.perf_counter() - start
         tokens = sum(len(o.token_ids) for o in outs)
         per_token = {k: round(1e3 * v / tokens, 3) for k, v in sorted(seconds.items())}
         per_call = {k: round(1e6 * v / calls[k], 1) for k, v in sorted(seconds.items())}
         outside = wall - seconds["forward"] - seconds["output_head"]
-        print(json.dumps({"round": r, "batch": args.batch, "tokens": tokens, "wall_ms_per_token": round(1e3 * wall / tokens, 3),
-                          "outside_model_ms": round(1e3 * outside / tokens, 3), "ms_per_token": per_token,
-                          "us_per_call": per_call}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "round": r,
+                    "batch": args.batch,
+                    "tokens": tokens,
+                    "wall_ms_per_token": round(1e3 * wall / tokens, 3),
+                    "outside_model_ms": round(1e3 * outside / tokens, 3),
+                    "ms_per_token": per_token,
+                    "us_per_call": per_call,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -58,11 +58,21 @@ def run_hf(prompts: list[str], max_tokens: int, batch: int) -> dict:
     with torch.inference_mode():
         for i in range(0, len(prompts), batch):
             enc = tok(prompts[i : i + batch], return_tensors="pt", padding=True, truncation=True, max_length=1024)
-            out = model.generate(**enc, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                                 pad_token_id=tok.pad_token_id)
+            out = model.generate(
+                **enc,
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
             tokens += (out.shape[1] - enc["input_ids"].shape[1]) * out.shape[0]
     wall = time.perf_counter() - start
-    return {"engine": "hf-transformers", "output_tokens": tokens, "wall_s": round(wall, 2), "tok_s": round(tokens / wall, 1)}
+    return {
+        "engine": "hf-transformers",
+        "output_tokens": tokens,
+        "wall_s": round(wall, 2),
+        "tok_s": round(tokens / wall, 1),
+    }
 
 
 def main() -> None:

@@ -64,30 +64,55 @@ def per_request_us(accounting: Accounting, request: Request, n: int) -> float:
 def event_loop_costs(n: int) -> dict:
     stats = dict  # the scheduler's stats are read at scrape time only
     open_accounting = Accounting("m", Metrics("m", stats))
-    access = AccessConfig(limits={"bench": TenantLimits(requests_per_minute=UNLIMITED, tokens_per_minute=UNLIMITED,
-                                                        max_concurrent_requests=UNLIMITED,
-                                                        max_tokens_per_request=UNLIMITED)},
-                          key_hashes={hash_key(KEY).removeprefix("sha256:"): "bench"},
-                          admin_key_hashes=frozenset(), ledger_path="unused")
+    access = AccessConfig(
+        limits={
+            "bench": TenantLimits(
+                requests_per_minute=UNLIMITED,
+                tokens_per_minute=UNLIMITED,
+                max_concurrent_requests=UNLIMITED,
+                max_tokens_per_request=UNLIMITED,
+            )
+        },
+        key_hashes={hash_key(KEY).removeprefix("sha256:"): "bench"},
+        admin_key_hashes=frozenset(),
+        ledger_path="unused",
+    )
     metering = MeteringActor(None, bound=n + 1)  # not running: records stay in its inbox
     metered_accounting = Accounting("m", Metrics("m", stats), access, metering.sink)
     request = Request({"type": "http", "headers": [(b"authorization", f"Bearer {KEY}".encode())]})
     per_request_us(open_accounting, request, min(n, 1000))  # warm-up
     open_us = per_request_us(open_accounting, request, n)
     metered_us = per_request_us(metered_accounting, request, n)
-    return {"open_us_per_request": round(open_us, 2), "metered_us_per_request": round(metered_us, 2),
-            "added_us_per_request": round(metered_us - open_us, 2)}
+    return {
+        "open_us_per_request": round(open_us, 2),
+        "metered_us_per_request": round(metered_us, 2),
+        "added_us_per_request": round(metered_us - open_us, 2),
+    }
 
 
 def ledger_cost(n: int, batch: int) -> dict:
-    records = [UsageRecord(request_id=f"cmpl-{i:032x}", tenant="bench", model="m", endpoint="completions",
-                           created=time.time(), prompt_tokens=5, completion_tokens=8, queue_time=0.001, ttft=0.05,
-                           tpot=0.01, e2e=0.12, finish_reason="length") for i in range(n)]
+    records = [
+        UsageRecord(
+            request_id=f"cmpl-{i:032x}",
+            tenant="bench",
+            model="m",
+            endpoint="completions",
+            created=time.time(),
+            prompt_tokens=5,
+            completion_tokens=8,
+            queue_time=0.001,
+            ttft=0.05,
+            tpot=0.01,
+            e2e=0.12,
+            finish_reason="length",
+        )
+        for i in range(n)
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         ledger = Ledger(os.path.join(tmp, "usage.sqlite"))
         start = time.perf_counter()
         for i in range(0, n, batch):
-            ledger.write(records[i:i + batch])
+            ledger.write(records[i : i + batch])
         elapsed = time.perf_counter() - start
         ledger.close()
     return {"ledger_batch": batch, "ledger_us_per_record": round(1e6 * elapsed / n, 2)}
@@ -101,8 +126,15 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.num_requests = 500
-    print(json.dumps({"requests": args.num_requests, **event_loop_costs(args.num_requests),
-                      **ledger_cost(args.num_requests, args.batch)}))
+    print(
+        json.dumps(
+            {
+                "requests": args.num_requests,
+                **event_loop_costs(args.num_requests),
+                **ledger_cost(args.num_requests, args.batch),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -44,9 +44,8 @@ import httpx
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import wait_healthy  # noqa: E402
-
-from trillium.metering.tenants import hash_key, new_key  # noqa: E402
+from peers import wait_healthy
+from trillium.metering.tenants import hash_key, new_key
 
 UNLIMITED = 10**9  # every limit of the benchmark tenant: checked on each request, never reached
 PROMPT = "Hello"
@@ -61,10 +60,12 @@ def free_port() -> int:
 def write_config(directory: str, tenant_key: str, admin_key: str) -> str:
     path = os.path.join(directory, "trillium.toml")
     with open(path, "w") as f:
-        f.write(f'[ledger]\npath = "usage.sqlite"\n[admin]\nkeys = ["{hash_key(admin_key)}"]\n'
-                f'[tenants.bench]\nkeys = ["{hash_key(tenant_key)}"]\n'
-                f"requests_per_minute = {UNLIMITED}\ntokens_per_minute = {UNLIMITED}\n"
-                f"max_concurrent_requests = {UNLIMITED}\nmax_tokens_per_request = {UNLIMITED}\n")
+        f.write(
+            f'[ledger]\npath = "usage.sqlite"\n[admin]\nkeys = ["{hash_key(admin_key)}"]\n'
+            f'[tenants.bench]\nkeys = ["{hash_key(tenant_key)}"]\n'
+            f"requests_per_minute = {UNLIMITED}\ntokens_per_minute = {UNLIMITED}\n"
+            f"max_concurrent_requests = {UNLIMITED}\nmax_tokens_per_request = {UNLIMITED}\n"
+        )
     return path
 
 
@@ -77,7 +78,7 @@ class Server:
         cmd = [sys.executable, "-m", "trillium.cli", "serve", "--port", self.base_url.rsplit(":", 1)[1], *extra_args]
         print(f"== {label}: {' '.join(cmd)}", file=sys.stderr, flush=True)
         self.log_path = log_path
-        self._log = open(log_path, "w")
+        self._log = open(log_path, "w")  # noqa: SIM115  # the server's log for its lifetime; closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             wait_healthy(self.base_url, self.proc, timeout_s=300)
@@ -106,6 +107,7 @@ async def load(base_url: str, headers: dict, num_requests: int, concurrency: int
     payload = {"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits, timeout=300) as client:
+
         async def worker() -> None:
             nonlocal remaining
             while remaining > 0:
@@ -122,11 +124,15 @@ async def load(base_url: str, headers: dict, num_requests: int, concurrency: int
                 nursery.start_soon(worker)
         wall = time.perf_counter() - start
     latencies.sort()
-    return {"requests": num_requests, "failed": len(failures), "wall_s": round(wall, 3),
-            "requests_per_s": round(num_requests / wall, 2),
-            "latency_p50_ms": round(1000 * latencies[len(latencies) // 2], 2),
-            "latency_p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2),
-            **({"first_error": failures[0]} if failures else {})}
+    return {
+        "requests": num_requests,
+        "failed": len(failures),
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(num_requests / wall, 2),
+        "latency_p50_ms": round(1000 * latencies[len(latencies) // 2], 2),
+        "latency_p99_ms": round(1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 2),
+        **({"first_error": failures[0]} if failures else {}),
+    }
 
 
 def ledger_totals(base_url: str, admin_key: str) -> dict:
@@ -154,39 +160,57 @@ def run(args) -> dict:
                 # ABBA order: a steady drift (warming up, a neighbour starting) favours neither.
                 order = list(servers.items()) if i % 2 == 0 else list(servers.items())[::-1]
                 for label, server in order:
-                    row = {"server": label, "round": i,
-                           **trio.run(load, server.base_url, headers[label], args.num_requests, args.concurrency,
-                                      args.max_tokens)}
+                    row = {
+                        "server": label,
+                        "round": i,
+                        **trio.run(
+                            load, server.base_url, headers[label], args.num_requests, args.concurrency, args.max_tokens
+                        ),
+                    }
                     print(json.dumps(row), flush=True)
                     rows.append(row)
             ledger = {} if args.aa else ledger_totals(servers["metered"].base_url, admin_key)
         finally:
             for server in servers.values():
                 server.stop()
-    rate = {label: statistics.median(r["requests_per_s"] for r in rows if r["server"] == label)
-            for label in ("open", "metered")}
+    rate = {
+        label: statistics.median(r["requests_per_s"] for r in rows if r["server"] == label)
+        for label in ("open", "metered")
+    }
     by = {(r["server"], r["round"]): r["requests_per_s"] for r in rows}
     pairs = [round(by[("metered", i)] / by[("open", i)], 3) for i in range(args.rounds)]
     # The headline is the median of the rounds' own ratios: each compares two measurements a few
     # seconds apart, so a neighbour that comes or goes mid-run skews one round, not the result.
-    return {"rows": rows, "open_requests_per_s": rate["open"], "metered_requests_per_s": rate["metered"],
-            "ratio": round(statistics.median(pairs), 4), "round_ratios": pairs,
-            "ratio_of_medians": round(rate["metered"] / rate["open"], 4),
-            "ledger_records": ledger.get("requests"), "ledger_completed": ledger.get("completed"),
-            "expected_ledger_records": None if args.aa else args.warmup + args.rounds * args.num_requests,
-            "failed": sum(r["failed"] for r in rows)}
+    return {
+        "rows": rows,
+        "open_requests_per_s": rate["open"],
+        "metered_requests_per_s": rate["metered"],
+        "ratio": round(statistics.median(pairs), 4),
+        "round_ratios": pairs,
+        "ratio_of_medians": round(rate["metered"] / rate["open"], 4),
+        "ledger_records": ledger.get("requests"),
+        "ledger_completed": ledger.get("completed"),
+        "expected_ledger_records": None if args.aa else args.warmup + args.rounds * args.num_requests,
+        "failed": sum(r["failed"] for r in rows),
+    }
 
 
 def markdown(summary: dict) -> str:
-    lines = ["| round | open req/s | metered req/s | metered / open | open p50 ms | metered p50 ms |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| round | open req/s | metered req/s | metered / open | open p50 ms | metered p50 ms |",
+        "|---|---|---|---|---|---|",
+    ]
     by = {(r["server"], r["round"]): r for r in summary["rows"]}
     for i in sorted({r["round"] for r in summary["rows"]}):
         o, m = by[("open", i)], by[("metered", i)]
-        lines.append(f"| {i} | {o['requests_per_s']:.1f} | {m['requests_per_s']:.1f} | "
-                     f"{summary['round_ratios'][i]:.3f} | {o['latency_p50_ms']:.1f} | {m['latency_p50_ms']:.1f} |")
-    lines.append(f"| median | {summary['open_requests_per_s']:.1f} | {summary['metered_requests_per_s']:.1f} | "
-                 f"{summary['ratio']:.3f} | | |")
+        lines.append(
+            f"| {i} | {o['requests_per_s']:.1f} | {m['requests_per_s']:.1f} | "
+            f"{summary['round_ratios'][i]:.3f} | {o['latency_p50_ms']:.1f} | {m['latency_p50_ms']:.1f} |"
+        )
+    lines.append(
+        f"| median | {summary['open_requests_per_s']:.1f} | {summary['metered_requests_per_s']:.1f} | "
+        f"{summary['ratio']:.3f} | | |"
+    )
     return "\n".join(lines)
 
 
@@ -197,12 +221,19 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=100, help="requests per server before the first round")
     p.add_argument("--concurrency", type=int, default=8, help="clients in the closed loop")
     p.add_argument("--max-tokens", type=int, default=1)
-    p.add_argument("--server-args", nargs=argparse.REMAINDER, default=None,
-                   help="arguments for both `trillium serve`s (last; default: --kv-cache-gib 0.25 --log-level warning)")
+    p.add_argument(
+        "--server-args",
+        nargs=argparse.REMAINDER,
+        default=None,
+        help="arguments for both `trillium serve`s (last; default: --kv-cache-gib 0.25 --log-level warning)",
+    )
     p.add_argument("--result-file", default=None, help="write the run as one JSON document")
     p.add_argument("--quick", action="store_true", help="smoke mode: 1 round of 16 requests, 2 clients")
-    p.add_argument("--aa", action="store_true",
-                   help="control run: both servers without --config (their ratio is this machine's noise floor)")
+    p.add_argument(
+        "--aa",
+        action="store_true",
+        help="control run: both servers without --config (their ratio is this machine's noise floor)",
+    )
     args = p.parse_args()
     if args.server_args is None:
         args.server_args = ["--kv-cache-gib", "0.25", "--log-level", "warning"]
@@ -213,8 +244,12 @@ def main() -> int:
     print()
     print(markdown(summary))
     if args.result_file:
-        doc = {"command": " ".join(sys.argv), "settings": {k: v for k, v in vars(args).items()},
-               "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}, **summary}
+        doc = {
+            "command": " ".join(sys.argv),
+            "settings": dict(vars(args).items()),
+            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+            **summary,
+        }
         with open(args.result_file, "w") as f:
             json.dump(doc, f, indent=2)
     ok = summary["failed"] == 0 and summary["ledger_completed"] == summary["expected_ledger_records"]

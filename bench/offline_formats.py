@@ -29,14 +29,22 @@ def measure(dtype: str, weights: str, max_tokens: int, batch: int) -> dict:
     start = time.perf_counter()
     llm.generate(prompts, sampling)
     many = time.perf_counter() - start
-    return {"dtype": dtype, "weights": weights, "tok_s_1": round(max_tokens / one, 1),
-            f"tok_s_{batch}": round(batch * max_tokens / many, 1)}
+    return {
+        "dtype": dtype,
+        "weights": weights,
+        "tok_s_1": round(max_tokens / one, 1),
+        f"tok_s_{batch}": round(batch * max_tokens / many, 1),
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--formats", nargs="+", default=["bf16:dense", "fp32:quantized"],
-                   help="dtype:weights pairs (weights: dense, quantized, quantized-int8, auto)")
+    p.add_argument(
+        "--formats",
+        nargs="+",
+        default=["bf16:dense", "fp32:quantized"],
+        help="dtype:weights pairs (weights: dense, quantized, quantized-int8, auto)",
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
@@ -44,8 +52,9 @@ def main() -> None:
     for r in range(args.rounds):
         for fmt in args.formats:
             dtype, _, weights = fmt.partition(":")
-            print(json.dumps({"round": r, **measure(dtype, weights or "auto", args.max_tokens, args.batch)}),
-                  flush=True)
+            print(
+                json.dumps({"round": r, **measure(dtype, weights or "auto", args.max_tokens, args.batch)}), flush=True
+            )
 
 
 if __name__ == "__main__":

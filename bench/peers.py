@@ -63,9 +63,23 @@ def setup_llama_cpp() -> None:
             tar.extractall(PEERS, filter="data")
         shutil.move(os.path.join(PEERS, top, "vendor", "llama.cpp"), src)
         shutil.rmtree(os.path.join(PEERS, top), ignore_errors=True)
-    run(["cmake", "-S", src, "-B", os.path.join(src, "build"), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-         "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-         "-DLLAMA_BUILD_SERVER=ON"])
+    run(
+        [
+            "cmake",
+            "-S",
+            src,
+            "-B",
+            os.path.join(src, "build"),
+            "-G",
+            "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DGGML_NATIVE=ON",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            "-DLLAMA_BUILD_SERVER=ON",
+        ]
+    )
     run(["cmake", "--build", os.path.join(src, "build"), "--target", "llama-server", f"-j{THREADS}"])
 
 
@@ -73,9 +87,28 @@ def llama_cpp_command(port: int, slots: int) -> list[str]:
     # Continuous batching with one slot per concurrent stream; each slot gets the full context
     # (--ctx-size is shared by the slots); all cores.
     ctx = 2048 * slots
-    return [LLAMA_SERVER, "-m", default_gguf(), "--host", "127.0.0.1", "--port", str(port), "--parallel", str(slots),
-            "--ctx-size", str(ctx), "--cont-batching", "--threads", str(THREADS), "--threads-batch", str(THREADS),
-            "--batch-size", "2048", "--alias", "SmolLM2-135M-Instruct"]
+    return [
+        LLAMA_SERVER,
+        "-m",
+        default_gguf(),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--parallel",
+        str(slots),
+        "--ctx-size",
+        str(ctx),
+        "--cont-batching",
+        "--threads",
+        str(THREADS),
+        "--threads-batch",
+        str(THREADS),
+        "--batch-size",
+        "2048",
+        "--alias",
+        "SmolLM2-135M-Instruct",
+    ]
 
 
 # ---------------------------------------------------------------------------------------- vLLM
@@ -109,15 +142,37 @@ def export_hf() -> None:
 
 
 def vllm_command(port: int, slots: int) -> list[str]:
-    return [os.path.join(VLLM_VENV, "bin", "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", HF_EXPORT,
-            "--served-model-name", "SmolLM2-135M-Instruct", "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "bfloat16", "--max-num-seqs", str(max(slots, 1)), "--max-model-len", "2048"]
+    return [
+        os.path.join(VLLM_VENV, "bin", "python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        HF_EXPORT,
+        "--served-model-name",
+        "SmolLM2-135M-Instruct",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--max-num-seqs",
+        str(max(slots, 1)),
+        "--max-model-len",
+        "2048",
+    ]
 
 
 # ------------------------------------------------------------------------------------ trillium
 def trillium_command(port: int, slots: int) -> list[str]:
-    return [os.path.join(ROOT, ".venv", "bin", "trillium"), "serve", "--port", str(port),
-            "--max-running", str(max(slots, 1))]
+    return [
+        os.path.join(ROOT, ".venv", "bin", "trillium"),
+        "serve",
+        "--port",
+        str(port),
+        "--max-running",
+        str(max(slots, 1)),
+    ]
 
 
 ENGINES = {"trillium": trillium_command, "llama.cpp": llama_cpp_command, "vllm": vllm_command}
@@ -146,7 +201,7 @@ def compare(args) -> None:
     for engine in args.engines:
         port = args.port
         cmd = ENGINES[engine](port, slots)
-        log = open(os.path.join(PEERS if os.path.isdir(PEERS) else "/tmp", f"{engine}.log"), "w")
+        log = open(os.path.join(PEERS if os.path.isdir(PEERS) else "/tmp", f"{engine}.log"), "w")  # noqa: SIM115  # the engine's log while it runs
         env = {**os.environ, **ENV.get(engine, {})}
         print(f"== {engine}: {' '.join(cmd)}", file=sys.stderr, flush=True)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -154,10 +209,24 @@ def compare(args) -> None:
             base_url = f"http://127.0.0.1:{port}"
             wait_healthy(base_url, proc)
             result_file = args.out.replace(".json", f".{engine}.json")
-            bench = [PY, os.path.join(ROOT, "bench", "serving.py"), "--base-url", base_url, "--label", engine,
-                     "--concurrency", *map(str, args.concurrency), "--num-requests", str(args.num_requests),
-                     "--max-tokens", str(args.max_tokens), "--result-file", result_file, "--no-progress",
-                     *args.serving_args]
+            bench = [
+                PY,
+                os.path.join(ROOT, "bench", "serving.py"),
+                "--base-url",
+                base_url,
+                "--label",
+                engine,
+                "--concurrency",
+                *map(str, args.concurrency),
+                "--num-requests",
+                str(args.num_requests),
+                "--max-tokens",
+                str(args.max_tokens),
+                "--result-file",
+                result_file,
+                "--no-progress",
+                *args.serving_args,
+            ]
             run(bench)
             with open(result_file) as f:
                 results[engine] = json.load(f)
@@ -190,7 +259,11 @@ def table(results: dict) -> str:
         if "trillium" in results:
             for p in peers:
                 a, b = rows_by["trillium"].get(c), rows_by[p].get(c)
-                line += f" | {a['output_throughput'] / b['output_throughput']:.2f}x" if a and b and b["output_throughput"] else " | -"
+                line += (
+                    f" | {a['output_throughput'] / b['output_throughput']:.2f}x"
+                    if a and b and b["output_throughput"]
+                    else " | -"
+                )
         lines.append(line + " |")
     return "\n".join(lines)
 
@@ -207,8 +280,12 @@ def main() -> None:
     c.add_argument("--max-tokens", type=int, default=64)
     c.add_argument("--port", type=int, default=8200)
     c.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "compare.json"))
-    c.add_argument("--serving-args", nargs=argparse.REMAINDER, default=[],
-                   help="passed on to bench/serving.py, e.g. --serving-args --synthetic --input-len 1000")
+    c.add_argument(
+        "--serving-args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="passed on to bench/serving.py, e.g. --serving-args --synthetic --input-len 1000",
+    )
     args = p.parse_args()
     if args.command == "setup":
         setup_llama_cpp() if args.engine == "llama.cpp" else setup_vllm()

@@ -23,13 +23,45 @@ import time
 
 import httpx
 
-WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
-         "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+    "november",
+    "oscar",
+    "papa",
+    "quebec",
+    "romeo",
+    "sierra",
+    "tango",
+    "uniform",
+    "victor",
+    "whiskey",
+    "xray",
+    "yankee",
+    "zulu",
+]
 
 
 def ttft(client: httpx.Client, model: str, prompt: str) -> tuple[float, int]:
-    payload = {"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": True,
-               "stream_options": {"include_usage": True}}
+    payload = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": 2,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     first = None
     cached = 0

@@ -60,7 +60,7 @@ class PyBlockTrie:
         self.clock += 1
         bs = self.bs
         for i in range(0, len(tokens) // bs * bs, bs):
-            child = node.children.get(tuple(tokens[i:i + bs]))
+            child = node.children.get(tuple(tokens[i : i + bs]))
             if child is None:
                 break
             child.last = self.clock
@@ -87,7 +87,7 @@ class PyBlockTrie:
         bs = self.bs
         new: list[int] = []
         for k, i in enumerate(range(0, len(tokens) // bs * bs, bs)):
-            key = tuple(tokens[i:i + bs])
+            key = tuple(tokens[i : i + bs])
             child = node.children.get(key)
             if child is None:
                 self.seq += 1
@@ -234,7 +234,7 @@ def main() -> None:
         args.num_requests, args.num_match_only, args.num_blocks = 200, 200, 256
 
     requests = make_requests(args)
-    result: dict = {"bench": "prefix_cache_ops", "config": {k: v for k, v in vars(args).items()}}
+    result: dict = {"bench": "prefix_cache_ops", "config": dict(vars(args).items())}
     for name, impl in (("radix", RadixAdapter), ("python_dict", PyBlockTrie)):
         result[name] = run_cycles(impl, requests, args)
         result[name]["match_only"] = run_match_only(impl, requests, args)

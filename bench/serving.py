@@ -34,8 +34,8 @@ import trio
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serving_client import DATA, load_prompts, stream_request  # noqa: E402
-from serving_metrics import parse_slo, summarize  # noqa: E402
+from serving_client import DATA, load_prompts, stream_request
+from serving_metrics import parse_slo, summarize
 
 
 def _sampling(args) -> dict:
@@ -53,8 +53,11 @@ async def closed_loop(client, args, model, prompts, concurrency, bar) -> list[di
     async def worker() -> None:
         while queue:
             prompt = queue.pop()
-            records.append(await stream_request(client, args.endpoint, model, prompt, args.max_tokens,
-                                                args.ignore_eos, _sampling(args)))
+            records.append(
+                await stream_request(
+                    client, args.endpoint, model, prompt, args.max_tokens, args.ignore_eos, _sampling(args)
+                )
+            )
             bar.update(1)
 
     async with trio.open_nursery() as nursery:
@@ -70,12 +73,14 @@ async def open_loop(client, args, model, prompts, rate, bar) -> list[dict]:
 
     async def one(prompt: str) -> None:
         if limiter is None:
-            rec = await stream_request(client, args.endpoint, model, prompt, args.max_tokens, args.ignore_eos,
-                                       _sampling(args))
+            rec = await stream_request(
+                client, args.endpoint, model, prompt, args.max_tokens, args.ignore_eos, _sampling(args)
+            )
         else:
             async with limiter:
-                rec = await stream_request(client, args.endpoint, model, prompt, args.max_tokens,
-                                           args.ignore_eos, _sampling(args))
+                rec = await stream_request(
+                    client, args.endpoint, model, prompt, args.max_tokens, args.ignore_eos, _sampling(args)
+                )
         records.append(rec)
         bar.update(1)
 
@@ -91,9 +96,13 @@ async def run(args) -> list[dict]:
     # A fresh connection per request: llama-server closes idle keep-alive connections, and a reused
     # one it has just closed fails the request ("Server disconnected") through no fault of the load.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-    async with httpx.AsyncClient(base_url=args.base_url, timeout=httpx.Timeout(1800, connect=30), limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=args.base_url, timeout=httpx.Timeout(1800, connect=30), limits=limits
+    ) as client:
         model = args.model or (await client.get("/v1/models")).json()["data"][0]["id"]
-        levels = [("concurrency", c) for c in args.concurrency or []] + [("request_rate", r) for r in args.request_rate or []]
+        levels = [("concurrency", c) for c in args.concurrency or []] + [
+            ("request_rate", r) for r in args.request_rate or []
+        ]
         rows = []
         for kind, value in levels:
             n = max(args.num_requests, int(value) if kind == "concurrency" else 1)
@@ -106,7 +115,11 @@ async def run(args) -> list[dict]:
                 else:
                     records = await open_loop(client, args, model, prompts, value, bar)
                 wall = time.perf_counter() - start
-            row = {"model": model, kind: value if kind == "request_rate" else int(value), **summarize(records, wall, args.slo)}
+            row = {
+                "model": model,
+                kind: value if kind == "request_rate" else int(value),
+                **summarize(records, wall, args.slo),
+            }
             errors = [r["error"] for r in records if not r["ok"]]
             if errors:
                 row["first_error"] = errors[0]
@@ -116,14 +129,18 @@ async def run(args) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| load | done | output tok/s | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms |"
-            " E2E p50 s |" + (" goodput req/s |" if any("goodput" in r for r in rows) else ""))
+    head = (
+        "| load | done | output tok/s | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p50 / p99 ms |"
+        " E2E p50 s |" + (" goodput req/s |" if any("goodput" in r for r in rows) else "")
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         load = f"{r['concurrency']} streams" if "concurrency" in r else f"{r['request_rate']:g} req/s"
-        line = (f"| {load} | {r['completed']} | {r['output_throughput']:.1f} | {r['request_throughput']:.2f} | "
-                f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
-                f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | {r['e2e_p50_ms'] / 1000:.2f} |")
+        line = (
+            f"| {load} | {r['completed']} | {r['output_throughput']:.1f} | {r['request_throughput']:.2f} | "
+            f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | "
+            f"{r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | {r['e2e_p50_ms'] / 1000:.2f} |"
+        )
         if "goodput" in r:
             line += f" {r['goodput']:.2f} |"
         lines.append(line)
@@ -163,11 +180,18 @@ def main() -> None:
     print(markdown(rows))
     if args.result_file:
         doc = {
-            "label": args.label, "base_url": args.base_url, "endpoint": args.endpoint, "max_tokens": args.max_tokens,
-            "num_requests": args.num_requests, "ignore_eos": args.ignore_eos, "sampling": _sampling(args),
-            "prompts": "synthetic" if args.synthetic else os.path.basename(args.prompts), "seed": args.seed,
+            "label": args.label,
+            "base_url": args.base_url,
+            "endpoint": args.endpoint,
+            "max_tokens": args.max_tokens,
+            "num_requests": args.num_requests,
+            "ignore_eos": args.ignore_eos,
+            "sampling": _sampling(args),
+            "prompts": "synthetic" if args.synthetic else os.path.basename(args.prompts),
+            "seed": args.seed,
             "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-            "command": " ".join(sys.argv), "rows": rows,
+            "command": " ".join(sys.argv),
+            "rows": rows,
         }
         with open(args.result_file, "w") as f:
             json.dump(doc, f, indent=2)

@@ -27,19 +27,91 @@ def load_prompts(path: str | None, n: int, synthetic_words: int, seed: int) -> l
     return [" ".join(rng.choice(_WORDS) for _ in range(synthetic_words)) for _ in range(n)]
 
 
-_WORDS = ("time year people way day man thing woman life child world school state family student group "
-          "country problem hand part place case week company system program question work government "
-          "number night point home water room mother area money story fact month lot right study book eye "
-          "job word business issue side kind head house service friend father power hour game line end").split()
+_WORDS = [
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "student",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "government",
+    "number",
+    "night",
+    "point",
+    "home",
+    "water",
+    "room",
+    "mother",
+    "area",
+    "money",
+    "story",
+    "fact",
+    "month",
+    "lot",
+    "right",
+    "study",
+    "book",
+    "eye",
+    "job",
+    "word",
+    "business",
+    "issue",
+    "side",
+    "kind",
+    "head",
+    "house",
+    "service",
+    "friend",
+    "father",
+    "power",
+    "hour",
+    "game",
+    "line",
+    "end",
+]
 
 
-async def stream_request(client: httpx.AsyncClient, endpoint: str, model: str, prompt: str, max_tokens: int,
-                         ignore_eos: bool, sampling: dict | None = None) -> dict:
+async def stream_request(
+    client: httpx.AsyncClient,
+    endpoint: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    ignore_eos: bool,
+    sampling: dict | None = None,
+) -> dict:
     """Send one streamed request; return its record (see serving_metrics). Never raises for HTTP or
     protocol errors: the record is marked ``ok: False`` with the error text. ``sampling``: OpenAI
     sampling fields (default: greedy, ``{"temperature": 0}``)."""
-    payload: dict = {"model": model, "max_tokens": max_tokens, "stream": True,
-                     "stream_options": {"include_usage": True}, **(sampling or {"temperature": 0})}
+    payload: dict = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **(sampling or {"temperature": 0}),
+    }
     if ignore_eos:
         payload["ignore_eos"] = True
     if endpoint == "chat":
@@ -63,7 +135,9 @@ async def stream_request(client: httpx.AsyncClient, endpoint: str, model: str, p
                     usage = chunk["usage"]
                 choices = chunk.get("choices") or []
                 if choices:
-                    piece = choices[0].get("text") if endpoint != "chat" else (choices[0].get("delta") or {}).get("content")
+                    piece = (
+                        choices[0].get("text") if endpoint != "chat" else (choices[0].get("delta") or {}).get("content")
+                    )
                     if piece:
                         rec["chunk_times"].append(time.perf_counter())
         rec["ok"] = True

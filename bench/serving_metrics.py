@@ -14,6 +14,7 @@ chunk that carried text), ``end``, ``output_tokens``, ``prompt_tokens``, ``ok``.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 
 PERCENTILES = (50, 90, 99)
@@ -37,7 +38,7 @@ def per_request(rec: dict) -> dict:
     ttft = (times[0] - rec["start"]) if times else e2e
     n = rec["output_tokens"]
     tpot = (e2e - ttft) / (n - 1) if n > 1 else None
-    itl = [b - a for a, b in zip(times, times[1:])]
+    itl = [b - a for a, b in itertools.pairwise(times)]
     return {"ttft": ttft, "tpot": tpot, "e2e": e2e, "itl": itl}
 
 

@@ -27,7 +27,6 @@ import json
 import multiprocessing
 import os
 import random
-import statistics
 import sys
 import time
 
@@ -81,7 +80,7 @@ class LLGuidanceEngine:
 
     def feed(self, grammar, tokens: list[int], eos: int, mask: torch.Tensor, times: list[float] | None) -> bool:
         matcher = grammar.new_matcher().ll_matcher
-        for token in tokens + [eos]:
+        for token in [*tokens, eos]:
             start = time.perf_counter()
             matcher.unsafe_compute_mask_ptr(mask.data_ptr(), mask.numel() * 4)
             if times is not None:
@@ -151,8 +150,15 @@ def evaluate(engine, tokenizer, case: dict, vocab_size: int) -> dict:
         grammar = engine.compile(case["schema"])
     except Exception as exc:  # unsupported feature or rejected schema: not covered
         return {"compiled": False, "error": str(exc)[:200], "compile_s": time.perf_counter() - start}
-    record = {"compiled": True, "compile_s": time.perf_counter() - start, "valid": 0, "valid_accepted": 0,
-              "invalid": 0, "invalid_rejected": 0, "mask_s": []}
+    record = {
+        "compiled": True,
+        "compile_s": time.perf_counter() - start,
+        "valid": 0,
+        "valid_accepted": 0,
+        "invalid": 0,
+        "invalid_rejected": 0,
+        "mask_s": [],
+    }
     mask = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
     for test in case["tests"]:
         tokens = tokenizer.encode(compact(test["data"]))
@@ -174,8 +180,9 @@ def evaluate_with_timeout(engine, tokenizer, case, vocab_size, timeout_s: float)
     """``evaluate`` in a forked child, killed after ``timeout_s`` (outlines-core can build DFAs for
     minutes); a timeout counts as not compiled."""
     parent, child = multiprocessing.Pipe(duplex=False)
-    proc = multiprocessing.get_context("fork").Process(target=_evaluate_in_child,
-                                                       args=(child, engine, tokenizer, case, vocab_size))
+    proc = multiprocessing.get_context("fork").Process(
+        target=_evaluate_in_child, args=(child, engine, tokenizer, case, vocab_size)
+    )
     proc.start()
     if parent.poll(timeout_s):
         record = parent.recv()
@@ -197,8 +204,9 @@ def summarize(name: str, records: list[dict]) -> dict:
         "schemas": len(records),
         "compiled": len(compiled),
         "coverage_pct": round(100 * len(compiled) / max(1, len(records)), 1),
-        "schemas_all_correct": sum(r["valid_accepted"] == r["valid"] and r["invalid_rejected"] == r["invalid"]
-                                   for r in compiled),
+        "schemas_all_correct": sum(
+            r["valid_accepted"] == r["valid"] and r["invalid_rejected"] == r["invalid"] for r in compiled
+        ),
         "valid_instances": valid,
         "false_rejects": valid - sum(r["valid_accepted"] for r in compiled),
         "invalid_instances": invalid,
@@ -272,14 +280,26 @@ def cmd_e2e(args, llm) -> None:
         except GrammarError:
             skipped["compile"] += 1
             continue
-        prompt = [{"role": "user", "content": "Write one JSON object that satisfies this JSON Schema. Reply with "
-                   f"the JSON only.\n\n{compact(schema)}"}]
+        prompt = [
+            {
+                "role": "user",
+                "content": "Write one JSON object that satisfies this JSON Schema. Reply with "
+                f"the JSON only.\n\n{compact(schema)}",
+            }
+        ]
         if len(llm.tokenizer.encode(llm.tokenizer.apply_chat_template(prompt))) > args.max_prompt_tokens:
             skipped["prompt_too_long"] += 1
             continue
         chosen.append((subset, name, schema, prompt))
-    params = [SamplingParams(max_tokens=args.max_tokens, temperature=0.0, repetition_penalty=args.repetition_penalty,
-                             structured=StructuredOutputs(json=s)) for _, _, s, _ in chosen]
+    params = [
+        SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=0.0,
+            repetition_penalty=args.repetition_penalty,
+            structured=StructuredOutputs(json=s),
+        )
+        for _, _, s, _ in chosen
+    ]
     start = time.perf_counter()
     outputs = llm.chat([p for *_, p in chosen], params)
     seconds = time.perf_counter() - start
@@ -300,24 +320,47 @@ def cmd_e2e(args, llm) -> None:
         per_subset[subset][0] += 1
         per_subset[subset][1] += ok
     stats = llm.engine.client.stats()
-    print(json.dumps({
-        "schemas": len(chosen), "skipped": skipped, "valid": valid, "valid_pct": round(100 * valid / len(chosen), 1),
-        "finish_stop": stopped, "finish_length": len(chosen) - stopped, "max_tokens": args.max_tokens,
-        "repetition_penalty": args.repetition_penalty,
-        "per_subset": {k: {"n": n, "valid": v} for k, (n, v) in per_subset.items()},
-        "completion_tokens": sum(len(o.token_ids) for o in outputs), "forced_tokens": stats["num_forced_tokens"],
-        "seconds": round(seconds, 1),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "schemas": len(chosen),
+                "skipped": skipped,
+                "valid": valid,
+                "valid_pct": round(100 * valid / len(chosen), 1),
+                "finish_stop": stopped,
+                "finish_length": len(chosen) - stopped,
+                "max_tokens": args.max_tokens,
+                "repetition_penalty": args.repetition_penalty,
+                "per_subset": {k: {"n": n, "valid": v} for k, (n, v) in per_subset.items()},
+                "completion_tokens": sum(len(o.token_ids) for o in outputs),
+                "forced_tokens": stats["num_forced_tokens"],
+                "seconds": round(seconds, 1),
+            }
+        ),
+        flush=True,
+    )
 
 
 # ---- step time with and without constraints -----------------------------------------------------
 
 STEP_SCHEMA = {
     "type": "object",
-    "properties": {"items": {"type": "array", "minItems": 40, "items": {
-        "type": "object", "additionalProperties": False, "required": ["name", "qty", "tags"],
-        "properties": {"name": {"type": "string", "maxLength": 16}, "qty": {"type": "integer", "maximum": 1000},
-                       "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}}}}}},
+    "properties": {
+        "items": {
+            "type": "array",
+            "minItems": 40,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "qty", "tags"],
+                "properties": {
+                    "name": {"type": "string", "maxLength": 16},
+                    "qty": {"type": "integer", "maximum": 1000},
+                    "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}},
+                },
+            },
+        }
+    },
     "required": ["items"],
 }
 
@@ -328,8 +371,9 @@ def cmd_steps(args, llm) -> None:
 
     scheduler = llm.engine.scheduler
     scheduler.policy.config = dataclasses.replace(scheduler.policy.config, jump_forward=False)
-    prompts = [[{"role": "user", "content": f"List {i + 3} items in my shopping cart as JSON."}]
-               for i in range(args.batch)]
+    prompts = [
+        [{"role": "user", "content": f"List {i + 3} items in my shopping cart as JSON."}] for i in range(args.batch)
+    ]
     llm.chat(prompts[:2], SamplingParams(max_tokens=4))  # warm up
     # Alternate the two runs ``--repeats`` times and keep each one's median: the machine's other
     # load and warm-up drift then fall on both alike.
@@ -337,28 +381,43 @@ def cmd_steps(args, llm) -> None:
     for _ in range(args.repeats):
         for label, structured in (("free", None), ("json_schema", StructuredOutputs(json=STEP_SCHEMA))):
             before = llm.engine.client.stats()
-            sampling = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True,
-                                      structured=structured)
+            sampling = SamplingParams(
+                max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, structured=structured
+            )
             start = time.perf_counter()
             outs = llm.chat(prompts, sampling)
             wall = time.perf_counter() - start
             after = llm.engine.client.stats()
 
-            def delta(key: str) -> float:
+            def delta(key: str, after: dict = after, before: dict = before) -> float:
                 return after[key] - before[key]
 
             steps = delta("num_steps")
-            runs[label].append({
-                "steps": steps, "mean_step_ms": round(1e3 * delta("step_seconds") / steps, 2),
-                "tokens": sum(len(o.token_ids) for o in outs), "wall_s": round(wall, 2),
-                "fill_ms_per_step": round(1e3 * delta("grammar_fill_seconds") / steps, 3),
-                "wait_ms_per_step": round(1e3 * delta("grammar_wait_seconds") / steps, 3),
-            })
+            runs[label].append(
+                {
+                    "steps": steps,
+                    "mean_step_ms": round(1e3 * delta("step_seconds") / steps, 2),
+                    "tokens": sum(len(o.token_ids) for o in outs),
+                    "wall_s": round(wall, 2),
+                    "fill_ms_per_step": round(1e3 * delta("grammar_fill_seconds") / steps, 3),
+                    "wait_ms_per_step": round(1e3 * delta("grammar_wait_seconds") / steps, 3),
+                }
+            )
     results = {label: sorted(r, key=lambda x: x["mean_step_ms"])[len(r) // 2] for label, r in runs.items()}
     free, constrained = results["free"]["mean_step_ms"], results["json_schema"]["mean_step_ms"]
-    print(json.dumps({"batch": args.batch, "max_tokens": args.max_tokens, "repeats": args.repeats, **results,
-                      "all_mean_step_ms": {k: [x["mean_step_ms"] for x in r] for k, r in runs.items()},
-                      "overhead_pct": round(100 * (constrained - free) / free, 1)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "batch": args.batch,
+                "max_tokens": args.max_tokens,
+                "repeats": args.repeats,
+                **results,
+                "all_mean_step_ms": {k: [x["mean_step_ms"] for x in r] for k, r in runs.items()},
+                "overhead_pct": round(100 * (constrained - free) / free, 1),
+            }
+        ),
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -376,8 +435,12 @@ def main() -> None:
     e2e.add_argument("--max-tokens", type=int, default=256)
     e2e.add_argument("--max-prompt-tokens", type=int, default=3000)
     e2e.add_argument("--seed", type=int, default=0)
-    e2e.add_argument("--repetition-penalty", type=float, default=1.0,
-                     help="greedy decoding of a small model loops inside strings and arrays; 1.1 breaks most loops")
+    e2e.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="greedy decoding of a small model loops inside strings and arrays; 1.1 breaks most loops",
+    )
     steps = sub.add_parser("steps")
     steps.add_argument("--batch", type=int, default=32)
     steps.add_argument("--max-tokens", type=int, default=64)

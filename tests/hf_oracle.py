@@ -22,8 +22,12 @@ def _key(gguf_path: str) -> dict:
     import transformers
 
     st = os.stat(gguf_path)
-    return {"gguf": os.path.basename(gguf_path), "size": st.st_size, "mtime": st.st_mtime_ns,
-            "transformers": transformers.__version__}
+    return {
+        "gguf": os.path.basename(gguf_path),
+        "size": st.st_size,
+        "mtime": st.st_mtime_ns,
+        "transformers": transformers.__version__,
+    }
 
 
 def reference_dir(cache_root: Path, gguf_path: str) -> Path:

@@ -118,8 +118,10 @@ def main() -> None:
         batches, contexts, reps, min_time_s, bw_mb, bw_trials = [1, 8, 32], [512, 2048, 8192], 10, 0.5, 1024, 3
     gen = torch.Generator().manual_seed(0)
     bandwidth = read_bandwidth_gbps(bw_mb, reps, bw_trials)
-    print(json.dumps({"op": "read_bandwidth", "gbps": round(bandwidth, 1), "threads": torch.get_num_threads()}),
-          flush=True)
+    print(
+        json.dumps({"op": "read_bandwidth", "gbps": round(bandwidth, 1), "threads": torch.get_num_threads()}),
+        flush=True,
+    )
     for dtype_name in ("bf16", "fp32"):
         for batch in batches:
             for context in contexts:

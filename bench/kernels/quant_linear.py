@@ -66,21 +66,36 @@ def main() -> None:
         for rows in rows_list:
             x = torch.randn(rows, k, generator=gen)
 
-            def each(fn):
+            def each(fn, copies=copies):
                 def run():
                     for i in range(copies):
                         fn(i)
-                return lambda: run()
 
-            ours = timeit(each(lambda i: quant_linear(x, weights[i])), min_seconds) / copies
-            int8 = timeit(each(lambda i: quant_linear(x, weights[i], int8_activations=True)), min_seconds) / copies
-            theirs = timeit(each(lambda i: F.linear(x, denses[i])), min_seconds) / copies
-            print(json.dumps({
-                "op": name, "rows": rows, "out_features": n, "in_features": k, "bits": bits,
-                "trillium_us": round(ours * 1e6, 1), "torch_us": round(theirs * 1e6, 1),
-                "speedup": round(theirs / ours, 2), "gops": round(2 * rows * n * k / ours / 1e9, 1),
-                "int8_us": round(int8 * 1e6, 1),
-            }), flush=True)
+                return run
+
+            ours = timeit(each(lambda i, x=x, w=weights: quant_linear(x, w[i])), min_seconds) / copies
+            int8 = (
+                timeit(each(lambda i, x=x, w=weights: quant_linear(x, w[i], int8_activations=True)), min_seconds)
+                / copies
+            )
+            theirs = timeit(each(lambda i, x=x, d=denses: F.linear(x, d[i])), min_seconds) / copies
+            print(
+                json.dumps(
+                    {
+                        "op": name,
+                        "rows": rows,
+                        "out_features": n,
+                        "in_features": k,
+                        "bits": bits,
+                        "trillium_us": round(ours * 1e6, 1),
+                        "torch_us": round(theirs * 1e6, 1),
+                        "speedup": round(theirs / ours, 2),
+                        "gops": round(2 * rows * n * k / ours / 1e9, 1),
+                        "int8_us": round(int8 * 1e6, 1),
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

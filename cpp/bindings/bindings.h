@@ -1,10 +1,13 @@
-// Registration functions, one per bound header; module.cc calls them in order.
+// Registration functions, one per bound header; module.cc calls them in order, bind_status first
+// (it registers the exception types every other binding raises).
 #pragma once
 
 #include <pybind11/pybind11.h>
 
 namespace trillium::bindings {
 
+void bind_status(pybind11::module_& m);
+void bind_cpu_isa(pybind11::module_& m);
 void bind_block_allocator(pybind11::module_& m);
 void bind_radix_tree(pybind11::module_& m);
 void bind_kernels(pybind11::module_& m);

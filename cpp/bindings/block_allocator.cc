@@ -1,9 +1,6 @@
 // Python binding of trillium::BlockAllocator.
 //
-// Error mapping (one Python type per StatusCode):
-//   kOutOfBlocks     -> trillium._core.OutOfBlocksError (subclass of MemoryError)
-//   kInvalidArgument -> ValueError
-//   kInternal        -> trillium._core.InvariantError (subclass of AssertionError and RuntimeError)
+// Errors follow the Status mapping of status.h (OutOfBlocksError, ValueError, InvariantError).
 //
 // Calls that walk lists or the whole allocator release the GIL. Because of that, every call takes
 // the wrapper's mutex (never while waiting for the GIL), so two Python threads can never mutate the
@@ -23,10 +20,6 @@ namespace py = pybind11;
 
 namespace trillium::bindings {
 void bind_block_allocator(py::module_& m) {
-  py::register_exception<OutOfBlocksError>(m, "OutOfBlocksError", PyExc_MemoryError);
-  py::register_exception<InvariantError>(
-      m, "InvariantError", py::make_tuple(py::handle(PyExc_AssertionError), py::handle(PyExc_RuntimeError)));
-
   using Self = PyBlockAllocator;
   using release = py::call_guard<py::gil_scoped_release>;
   py::class_<Self>(m, "BlockAllocator",

@@ -11,6 +11,8 @@
 PYBIND11_MODULE(_core, m) {
   m.doc() = "trillium compiled core: block allocator, CPU paged-attention and KV-store kernels";
   m.attr("__version__") = TRILLIUM_VERSION;
+  trillium::bindings::bind_status(m);
+  trillium::bindings::bind_cpu_isa(m);
   trillium::bindings::bind_block_allocator(m);
   trillium::bindings::bind_radix_tree(m);
   trillium::bindings::bind_kernels(m);

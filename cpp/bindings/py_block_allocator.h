@@ -1,7 +1,7 @@
-// PyBlockAllocator: the Python-facing wrapper of trillium::BlockAllocator, and the Status ->
-// exception mapping shared by every binding that touches the allocator (block_allocator.cc,
-// radix_tree.cc). Shared because the prefix cache mutates the allocator: it must reach the same
-// BlockAllocator and serialize on the same mutex, and throw the same registered exception types.
+// PyBlockAllocator: the Python-facing wrapper of trillium::BlockAllocator, shared by every binding
+// that touches the allocator (block_allocator.cc, radix_tree.cc). Shared because the prefix cache
+// mutates the allocator: it must reach the same BlockAllocator and serialize on the same mutex.
+// Errors go through status.h.
 #pragma once
 
 #include <mutex>
@@ -9,32 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "status.h"
 #include "trillium/block_allocator.h"
-#include "trillium/status.h"
 
 namespace trillium::bindings {
-
-struct OutOfBlocksError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-struct InvariantError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// Throws the C++ exception registered for st's code; pybind11 translates it once the GIL is back.
-inline void raise_if_error(const Status& st) {
-  switch (st.code()) {
-    case StatusCode::kOk:
-      return;
-    case StatusCode::kOutOfBlocks:
-      throw OutOfBlocksError(st.message());
-    case StatusCode::kInvalidArgument:
-      throw std::invalid_argument(st.message());
-    case StatusCode::kInternal:
-      throw InvariantError(st.message());
-  }
-  throw std::runtime_error(st.message());
-}
 
 class PyBlockAllocator {
  public:

@@ -6,26 +6,15 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
-#include <stdexcept>
 
 #include "bindings.h"
+#include "kernel_args.h"
+#include "status.h"
 #include "trillium/kernels/quant_linear.h"
 
 namespace py = pybind11;
 
 namespace trillium::bindings {
-namespace {
-
-void check(const Status& st) {
-  if (!st.ok()) throw std::invalid_argument(st.message());
-}
-
-template <typename T>
-T* ptr(std::uintptr_t p) {
-  return reinterpret_cast<T*>(p);
-}
-
-}  // namespace
 
 void bind_quant_linear(py::module_& m) {
   m.attr("QUANT_BLOCK") = kQuantBlock;
@@ -42,14 +31,12 @@ void bind_quant_linear(py::module_& m) {
       "quant_linear_pack",
       [](std::uintptr_t codes, std::uintptr_t scale, std::uintptr_t min, int64_t out_features, int64_t in_features,
          int32_t bits, std::uintptr_t packed_codes, std::uintptr_t packed_scales, std::uintptr_t packed_mins) {
-        Status st;
-        {
-          py::gil_scoped_release release;
-          st = quant_linear_pack(ptr<const int8_t>(codes), ptr<const float>(scale), ptr<const float>(min),
-                                 out_features, in_features, bits, ptr<void>(packed_codes), ptr<float>(packed_scales),
-                                 ptr<float>(packed_mins));
-        }
-        check(st);
+        run_without_gil([&] {
+          return quant_linear_pack(from_address<const int8_t>(codes), from_address<const float>(scale),
+                                   from_address<const float>(min), out_features, in_features, bits,
+                                   from_address<void>(packed_codes), from_address<float>(packed_scales),
+                                   from_address<float>(packed_mins));
+        });
       },
       py::arg("codes"), py::arg("scale"), py::arg("min"), py::arg("out_features"), py::arg("in_features"),
       py::arg("bits"), py::arg("packed_codes"), py::arg("packed_scales"), py::arg("packed_mins"),
@@ -60,22 +47,17 @@ void bind_quant_linear(py::module_& m) {
          std::uintptr_t codes, std::uintptr_t scales, std::uintptr_t mins, std::uintptr_t bias, std::uintptr_t out,
          int64_t out_stride, int num_threads, bool int8_activations) {
         QuantLinearArgs a;
-        a.x = ptr<const float>(x);
+        a.x = from_address<const float>(x);
         a.num_rows = num_rows;
         a.x_stride = x_stride;
-        a.weight = QuantWeightView{out_features, in_features, bits, ptr<const void>(codes), ptr<const float>(scales),
-                                   ptr<const float>(mins)};
-        a.bias = ptr<const float>(bias);
-        a.out = ptr<float>(out);
+        a.weight = QuantWeightView{out_features, in_features, bits, from_address<const void>(codes),
+                                   from_address<const float>(scales), from_address<const float>(mins)};
+        a.bias = from_address<const float>(bias);
+        a.out = from_address<float>(out);
         a.out_stride = out_stride;
         a.num_threads = num_threads;
         a.int8_activations = int8_activations;
-        Status st;
-        {
-          py::gil_scoped_release release;
-          st = quant_linear(a);
-        }
-        check(st);
+        run_without_gil([&] { return quant_linear(a); });
       },
       py::arg("x"), py::arg("num_rows"), py::arg("x_stride"), py::arg("out_features"), py::arg("in_features"),
       py::arg("bits"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("bias"), py::arg("out"),

@@ -20,6 +20,7 @@
 
 #include "bindings.h"
 #include "py_block_allocator.h"
+#include "status.h"
 #include "trillium/radix_tree.h"
 
 namespace py = pybind11;
@@ -161,7 +162,7 @@ void bind_radix_tree(py::module_& m) {
   };
   py::class_<Self>(m, "RadixTree",
                    "Prefix cache: a block-aligned radix tree over token ids, per namespace.\n\n"
-                   "Holds one allocator reference per cached block; see docs/architecture.md.")
+                   "Holds one allocator reference per cached block; see docs/decisions/prefix-cache.md.")
       .def(py::init<PyBlockAllocator&, int32_t>(), py::arg("allocator"), py::arg("block_size"),
            py::keep_alive<1, 2>(), "ValueError if block_size < 1.")
       .def("match", &Self::match, py::arg("namespace"), py::arg("tokens"), py::kw_only(), py::arg("lock") = false,

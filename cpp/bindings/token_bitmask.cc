@@ -5,9 +5,9 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
-#include <stdexcept>
 
 #include "bindings.h"
+#include "status.h"
 #include "token_bitmask_spec.h"
 
 namespace py = pybind11;
@@ -19,17 +19,13 @@ void bind_token_bitmask(py::module_& m) {
       "apply_token_bitmask",
       [](const LogitsSpec& logits, const BitmaskSpec& bitmask, std::uintptr_t mask_rows) {
         const TokenBitmaskArgs a = token_bitmask_args(logits, bitmask, mask_rows);
-        Status st;
-        {
-          py::gil_scoped_release release;
-          st = apply_token_bitmask(a);
-        }
-        if (!st.ok()) throw std::invalid_argument(st.message());
+        run_without_gil([&] { return apply_token_bitmask(a); });
       },
       py::arg("logits"), py::arg("bitmask"), py::arg("mask_rows"),
       "Set logits of tokens whose bit is 0 to -inf, in place (see trillium/kernels/token_bitmask.h).\n\n"
-      "logits: (data_ptr, dtype, row_stride, num_rows, vocab_size), dtype 0 float32 / 1 bfloat16; "
-      "bitmask: (int32 data_ptr, row_stride, num_mask_rows, num_words); mask_rows: int32 [num_rows] pointer "
+      "logits: LogitsSpec(data_ptr, dtype, row_stride, num_rows, vocab_size), dtype 0 float32 / 1 bfloat16; "
+      "bitmask: BitmaskSpec(int32 data_ptr, row_stride, num_mask_rows, num_words) -- trillium.ops.kernel_specs; "
+      "mask_rows: int32 [num_rows] pointer "
       "(-1 = leave the row unmasked) or 0 for row r -> bitmask row r. Releases the GIL; ValueError "
       "(nothing written) on bad sizes or a mask row out of range.");
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "trillium/block_allocator.h"
+#include "trillium/cpu_isa.h"
 #include "trillium/kernels/kv_store.h"
 #include "trillium/kernels/paged_attention.h"
 

@@ -1,7 +1,7 @@
-// Attention inner loops for x86-64 with AVX2 + FMA. Only the functions defined between the
-// target push/pop are compiled for AVX2; every header (std, intrinsics) is included before it, so
-// no AVX2 code can leak into shared inline functions. Called only when the CPU has AVX2 and FMA
-// (paged_attention.cc checks cpuid and xgetbv).
+// Attention inner loops for x86-64 with AVX2 + FMA. Only the functions defined inside the target
+// region (kernels/isa_target.h) are compiled for AVX2; every header (std, intrinsics) is included
+// before it, so no AVX2 code can leak into shared inline functions. Called only when kernel_isa()
+// is kAvx2 (trillium/cpu_isa.h detects the CPU).
 #if defined(__x86_64__)
 
 #include <immintrin.h>
@@ -12,13 +12,9 @@
 #include <type_traits>
 
 #include "kernels/attention_work.h"
+#include "kernels/isa_target.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+TRILLIUM_TARGET_AVX2_BEGIN
 
 namespace trillium::kernels {
 namespace isa_avx2 {
@@ -27,11 +23,7 @@ namespace isa_avx2 {
 }  // namespace isa_avx2
 }  // namespace trillium::kernels
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+TRILLIUM_TARGET_END
 
 namespace trillium::kernels {
 IsaKernels avx2_kernels() { return isa_avx2::make_kernels(); }

@@ -11,8 +11,9 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/isa_target.h"
+#include "trillium/cpu_isa.h"
 #include "trillium/kernels/dtype.h"
-#include "trillium/kernels/paged_attention.h"  // kernel_isa()
 
 namespace trillium {
 namespace {
@@ -70,12 +71,7 @@ void rotary_token_portable(const RotaryArgs& a, int64_t t) {
 
 // ---------------------------------------------------------------------------------------- AVX2
 #if defined(__x86_64__)
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+TRILLIUM_TARGET_AVX2_BEGIN
 namespace isa_avx2_layer {
 
 inline float hsum(__m256 v) {
@@ -164,11 +160,7 @@ void rotary_token(const RotaryArgs& a, int64_t t) {
 }
 
 }  // namespace isa_avx2_layer
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+TRILLIUM_TARGET_END
 #endif  // x86-64
 
 // ------------------------------------------------------------------------------------ the ops

@@ -19,11 +19,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 
 #include "kernels/attention_work.h"
+#include "trillium/cpu_isa.h"
 
 namespace trillium {
 namespace {
@@ -40,35 +38,7 @@ constexpr int32_t kMinTileRows = 24;    // ... and at least, when shrinking tile
 constexpr int32_t kMaxHeadDim = 1024;
 
 // ------------------------------------------------------------------------------------ ISA choice
-// cpuid + xgetbv directly (not __builtin_cpu_supports, which some toolchains' runtimes leave
-// unimplemented): the CPU must have the instructions and the OS must save their register state.
-#if defined(__x86_64__)
-bool os_saves_state(uint64_t mask) {
-  uint32_t eax = 0, edx = 0;
-  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
-  return ((static_cast<uint64_t>(edx) << 32 | eax) & mask) == mask;
-}
-
-KernelIsa best_isa() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return KernelIsa::kPortable;
-  const bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28);
-  if (!(osxsave && avx && os_saves_state(0x6))) return KernelIsa::kPortable;  // XMM and YMM state
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return KernelIsa::kPortable;
-  const bool avx2 = b & (1u << 5), avx512f = b & (1u << 16), avx512bw = b & (1u << 30), avx512vl = b & (1u << 31);
-  if (avx2 && fma && avx512f && avx512bw && avx512vl && os_saves_state(0xe6)) return KernelIsa::kAvx512;  // + ZMM, k
-  if (avx2 && fma) return KernelIsa::kAvx2;
-  return KernelIsa::kPortable;
-}
-#else
-KernelIsa best_isa() { return KernelIsa::kPortable; }
-#endif
-
-std::atomic<int32_t>& active_isa() {
-  static std::atomic<int32_t> isa{static_cast<int32_t>(best_isa())};
-  return isa;
-}
-
+// The inner loops of the level kernel_isa() names (trillium/cpu_isa.h detects and owns it).
 const IsaKernels& isa_kernels(KernelIsa isa) {
   static const IsaKernels portable = kernels::portable_kernels();
 #if defined(__x86_64__)
@@ -208,40 +178,6 @@ float* thread_scratch(int64_t floats) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------- API
-KernelIsa kernel_isa() { return static_cast<KernelIsa>(active_isa().load(std::memory_order_relaxed)); }
-
-bool kernel_isa_supported(KernelIsa isa) {
-  switch (isa) {
-    case KernelIsa::kPortable:
-      return true;
-    case KernelIsa::kAvx2:
-      return best_isa() != KernelIsa::kPortable;
-    case KernelIsa::kAvx512:
-      return best_isa() == KernelIsa::kAvx512;
-  }
-  return false;
-}
-
-Status set_kernel_isa(KernelIsa isa) {
-  if (!kernel_isa_supported(isa)) {
-    return Status::InvalidArgument(std::string("kernel ISA ") + kernel_isa_name(isa) + " is not supported here");
-  }
-  active_isa().store(static_cast<int32_t>(isa), std::memory_order_relaxed);
-  return Status::Ok();
-}
-
-const char* kernel_isa_name(KernelIsa isa) {
-  switch (isa) {
-    case KernelIsa::kPortable:
-      return "portable";
-    case KernelIsa::kAvx2:
-      return "avx2";
-    case KernelIsa::kAvx512:
-      return "avx512";
-  }
-  return "?";
-}
-
 Status paged_attention_decode(const PagedAttentionArgs& a) {
   if (Status st = validate(a, /*decode=*/true); !st.ok()) return st;
   if (a.num_requests == 0) return Status::Ok();

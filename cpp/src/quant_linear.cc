@@ -13,7 +13,7 @@
 #endif
 
 #include "kernels/quant_linear_impl.h"
-#include "trillium/kernels/paged_attention.h"  // kernel_isa()
+#include "trillium/cpu_isa.h"
 
 namespace trillium {
 

@@ -1,7 +1,7 @@
 // Block-quantized linear layer, AVX2 inner loops (pmaddubsw integer dot products). Only the
-// functions between the target push/pop are compiled for AVX2; headers come first so no AVX2 code
-// leaks into shared inline functions. Called only when the CPU has AVX2 and FMA
-// (quant_linear.cc follows kernel_isa()).
+// functions inside the target region (kernels/isa_target.h) are compiled for AVX2; headers come
+// first so no AVX2 code leaks into shared inline functions. Called only when kernel_isa() is kAvx2
+// or better (quant_linear.cc dispatches; trillium/cpu_isa.h detects the CPU).
 //
 // One 32-byte load of packed codes covers 8 output features x 4 consecutive k; the 4 activation
 // codes of those k are broadcast to every 32-bit lane, so pmaddubsw + pmaddwd leave in lane c the
@@ -16,14 +16,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/isa_target.h"
 #include "kernels/quant_linear_impl.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+TRILLIUM_TARGET_AVX2_BEGIN
 
 namespace trillium::kernels {
 namespace {
@@ -377,11 +373,7 @@ void gemm_f32_avx2(const float* x, int64_t x_stride, const QuantWeightView& w, i
 }  // namespace
 }  // namespace trillium::kernels
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+TRILLIUM_TARGET_END
 
 namespace trillium::kernels {
 QuantLinearKernels quant_linear_avx2_kernels() { return {quantize_rows_avx2, gemm_avx2, gemm_f32_avx2}; }

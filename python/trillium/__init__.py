@@ -3,12 +3,17 @@
 Public API: :class:`LLM` (offline inference) and :class:`SamplingParams`.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from trillium.protocol import SamplingParams
+
+if TYPE_CHECKING:
+    from trillium.llm import LLM, RequestOutput
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # LLM pulls in torch and the model code; load it only when asked for.
     if name == "LLM":
         from trillium.llm import LLM

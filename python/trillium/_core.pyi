@@ -2,6 +2,8 @@
 
 from collections.abc import Sequence
 
+from trillium.ops.kernel_specs import BatchSpec, BitmaskSpec, CacheSpec, LogitsSpec, RowsSpec
+
 __version__: str
 
 class OutOfBlocksError(MemoryError):
@@ -122,17 +124,15 @@ class RadixTree:
         """Blocks evict() or clear() dropped from the tree."""
 
 # ---------------------------------------------------------------- CPU kernels (cpp/bindings/kernels.cc)
-# Tensors cross as tuples of ints built by trillium.ops.attention (the typed wrappers; call those):
-#   rows  = (data_ptr, num_heads, stride_token, stride_head, dtype)   dtype: 0 float32, 1 bfloat16
-#   cache = (k_ptr, v_ptr, dtype, num_blocks, block_size, num_kv_heads, head_dim)
-#   batch = (num_requests, num_tokens, query_start_loc_ptr, context_lens_ptr, block_tables_ptr,
-#            block_table_stride)                                       int32 metadata
+# Tensors cross as the named specs of trillium.ops.kernel_specs (RowsSpec, CacheSpec, BatchSpec:
+# addresses, sizes, strides, dtype codes 0 float32 / 1 bfloat16), read by field name; plain tuples
+# are refused (TypeError). trillium.ops.attention builds them: call its typed wrappers.
 
 def paged_attention(
-    query: tuple[int, int, int, int, int],
-    out: tuple[int, int, int, int, int],
-    cache: tuple[int, int, int, int, int, int, int],
-    batch: tuple[int, int, int, int, int, int],
+    query: RowsSpec,
+    out: RowsSpec,
+    cache: CacheSpec,
+    batch: BatchSpec,
     scale: float,
     num_threads: int,
     decode: bool,
@@ -141,9 +141,9 @@ def paged_attention(
     sizes, lengths or block ids. decode=True needs one token per request."""
 
 def store_kv(
-    key: tuple[int, int, int, int, int],
-    value: tuple[int, int, int, int, int],
-    cache: tuple[int, int, int, int, int, int, int],
+    key: RowsSpec,
+    value: RowsSpec,
+    cache: CacheSpec,
     slot_mapping: int,
     num_tokens: int,
     num_threads: int,
@@ -151,6 +151,7 @@ def store_kv(
     """Write K/V rows into their slots (int64 pointer; negative = skip); releases the GIL.
     ValueError (nothing written) on a slot outside the pool."""
 
+# Kernel ISA (cpp/include/trillium/cpu_isa.h, shared by every CPU kernel family); wrapper: trillium.ops.cpu_isa.
 def kernel_isa() -> str:
     """Instruction set the CPU kernels use now: 'avx512', 'avx2' or 'portable'."""
 
@@ -158,7 +159,7 @@ def supported_kernel_isas() -> list[str]:
     """Instruction sets this CPU and build can run, worst first."""
 
 def set_kernel_isa(name: str) -> None:
-    """Force one instruction set (tests, benchmarks); ValueError if unsupported. Process-wide."""
+    """Force one instruction set (tests, benchmarks); ValueError if unknown or unsupported. Process-wide."""
 
 # Block-quantized linear (cpp/include/trillium/kernels/quant_linear.h); typed wrapper: trillium.ops.quant_linear.
 QUANT_BLOCK: int
@@ -168,21 +169,49 @@ def quant_linear_sizes(out_features: int, in_features: int, bits: int) -> tuple[
     """(packed code bytes, scale count) of an [out_features, in_features] weight."""
 
 def quant_linear_pack(
-    codes: int, scale: int, min: int, out_features: int, in_features: int, bits: int,
-    packed_codes: int, packed_scales: int, packed_mins: int,
+    codes: int,
+    scale: int,
+    min: int,
+    out_features: int,
+    in_features: int,
+    bits: int,
+    packed_codes: int,
+    packed_scales: int,
+    packed_mins: int,
 ) -> None:
     """Pack row-major int8 codes [N, K] and fp32 scale/min [N, K/32] (pointers) into the kernel layout."""
 
 def quant_linear(
-    x: int, num_rows: int, x_stride: int, out_features: int, in_features: int, bits: int,
-    codes: int, scales: int, mins: int, bias: int, out: int, out_stride: int, num_threads: int = 0,
+    x: int,
+    num_rows: int,
+    x_stride: int,
+    out_features: int,
+    in_features: int,
+    bits: int,
+    codes: int,
+    scales: int,
+    mins: int,
+    bias: int,
+    out: int,
+    out_stride: int,
+    num_threads: int = 0,
+    int8_activations: bool = False,
 ) -> None:
-    """out[M, N] = x[M, K] . W^T (+ bias) with a packed block-quantized W; fp32 x and out (pointers)."""
+    """out[M, N] = x[M, K] . W^T (+ bias) with a packed block-quantized W; fp32 x and out (pointers).
+    int8_activations: round x to int8 per 32-block (faster, approximate) instead of exact fp32."""
 
 # Fused decoder-layer ops (cpp/include/trillium/kernels/layer_ops.h); typed wrappers: trillium.ops.layer_ops.
 def rms_norm(
-    x: int, x_stride: int, residual: int, residual_stride: int, weight: int, out: int, out_stride: int,
-    rows: int, hidden: int, eps: float,
+    x: int,
+    x_stride: int,
+    residual: int,
+    residual_stride: int,
+    weight: int,
+    out: int,
+    out_stride: int,
+    rows: int,
+    hidden: int,
+    eps: float,
 ) -> None:
     """RMSNorm of fp32 rows (pointers), with the residual add folded in when residual != 0."""
 
@@ -190,15 +219,20 @@ def silu_and_mul(gate_up: int, gate_up_stride: int, out: int, out_stride: int, r
     """out = silu(gate) * up over fp32 rows [gate | up] (pointers)."""
 
 def rotary_inplace(
-    x: int, stride_token: int, stride_head: int, tokens: int, heads: int, head_dim: int,
-    cos: int, sin: int, max_positions: int, positions: int,
+    x: int,
+    stride_token: int,
+    stride_head: int,
+    tokens: int,
+    heads: int,
+    head_dim: int,
+    cos: int,
+    sin: int,
+    max_positions: int,
+    positions: int,
 ) -> None:
     """Rotate-half RoPE in place on fp32 [tokens, heads, head_dim] (pointers), from cos/sin tables."""
 
 # Structured output (cpp/include/trillium/kernels/token_bitmask.h); typed wrapper: trillium.ops.token_bitmask.
-def apply_token_bitmask(
-    logits: tuple[int, int, int, int, int], bitmask: tuple[int, int, int, int], mask_rows: int
-) -> None:
-    """Set logits whose token bit is 0 to -inf in place. logits: (data_ptr, dtype, row_stride, num_rows,
-    vocab_size); bitmask: (int32 data_ptr, row_stride, num_mask_rows, num_words); mask_rows: int32 [num_rows]
-    pointer (-1 = unmasked row) or 0. Releases the GIL; ValueError (nothing written) on bad sizes."""
+def apply_token_bitmask(logits: LogitsSpec, bitmask: BitmaskSpec, mask_rows: int) -> None:
+    """Set logits whose token bit is 0 to -inf in place. mask_rows: int32 [num_rows] pointer (-1 = unmasked
+    row) or 0 (row r takes bitmask row r). Releases the GIL; ValueError (nothing written) on bad sizes."""

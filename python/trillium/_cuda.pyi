@@ -1,4 +1,10 @@
-"""Type stub for the CUDA kernels (cuda/bindings.cc); absent on builds without nvcc."""
+"""Type stub for the CUDA kernels (cpp/bindings/cuda/module.cc); absent on builds without nvcc.
+
+The attention, KV-store and bitmask entry points take the named specs of trillium.ops.kernel_specs,
+as trillium._core does (device pointers here).
+"""
+
+from trillium.ops.kernel_specs import BatchSpec, BitmaskSpec, CacheSpec, LogitsSpec, RowsSpec
 
 __version__: str
 CUDART_VERSION: int
@@ -10,21 +16,21 @@ def fill_(ptr: int, n: int, value: float, stream: int = 0) -> None:
     """Asynchronously set n float32 values at device pointer ptr; RuntimeError on a CUDA error."""
 
 def store_kv(
-    key: tuple[int, int, int, int, int],
-    value: tuple[int, int, int, int, int],
-    cache: tuple[int, int, int, int, int, int, int],
+    key: RowsSpec,
+    value: RowsSpec,
+    cache: CacheSpec,
     slot_mapping: int,
     num_tokens: int,
     stream: int = 0,
 ) -> None:
-    """Asynchronous store_kv on stream (tuples as trillium._core.store_kv, device pointers);
+    """Asynchronous store_kv on stream (specs as trillium._core.store_kv, device pointers);
     out-of-pool slots are skipped."""
 
 def paged_attention(
-    query: tuple[int, int, int, int, int],
-    out: tuple[int, int, int, int, int],
-    cache: tuple[int, int, int, int, int, int, int],
-    batch: tuple[int, int, int, int, int, int],
+    query: RowsSpec,
+    out: RowsSpec,
+    cache: CacheSpec,
+    batch: BatchSpec,
     scale: float,
     decode: bool,
     max_query_len: int,
@@ -33,8 +39,6 @@ def paged_attention(
     """Asynchronous paged attention (decode or extend) on stream; head_dim 64, 128 or 256.
     ValueError on arguments the launcher rejects, RuntimeError on a CUDA error."""
 
-def apply_token_bitmask(
-    logits: tuple[int, int, int, int, int], bitmask: tuple[int, int, int, int], mask_rows: int, stream: int = 0
-) -> None:
+def apply_token_bitmask(logits: LogitsSpec, bitmask: BitmaskSpec, mask_rows: int, stream: int = 0) -> None:
     """Asynchronous apply_token_bitmask on stream (arguments as trillium._core.apply_token_bitmask, device
     pointers). ValueError on sizes the launcher rejects."""

@@ -10,29 +10,48 @@ from trillium.config import WEIGHT_FORMATS, EngineConfig
 
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
-                        help="weights, activations and KV dtype (auto: fp32 for quantized GGUF weights, else bf16 "
-                             "if the CPU has native bf16 math, else fp32)")
+    parser.add_argument(
+        "--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2-135M-Instruct)"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bf16", "fp32"],
+        help="weights, activations and KV dtype (auto: fp32 for quantized GGUF weights, else bf16 "
+        "if the CPU has native bf16 math, else fp32)",
+    )
     parser.add_argument("--max-running", type=int, default=64, help="requests decoding at once")
     parser.add_argument("--max-tokens-per-step", type=int, default=2048, help="token budget of one step")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length limit (default: the model's)")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache size in GiB")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    parser.add_argument("--weights", default="auto", choices=list(WEIGHT_FORMATS),
-                        help="auto: run a GGUF file's Q4_0/Q4_1/Q8_0 weights with the quantized kernel where this "
-                             "CPU can (fp32, AVX2); quantized-int8: also round activations to int8 (faster, "
-                             "approximate, as llama.cpp); dense: dequantize at load")
-    parser.add_argument("--no-prefix-cache", dest="enable_prefix_cache", action="store_false",
-                        help="disable reuse of cached KV for shared prompt prefixes")
+    parser.add_argument(
+        "--weights",
+        default="auto",
+        choices=list(WEIGHT_FORMATS),
+        help="auto: run a GGUF file's Q4_0/Q4_1/Q8_0 weights with the quantized kernel where this "
+        "CPU can (fp32, AVX2); quantized-int8: also round activations to int8 (faster, "
+        "approximate, as llama.cpp); dense: dequantize at load",
+    )
+    parser.add_argument(
+        "--no-prefix-cache",
+        dest="enable_prefix_cache",
+        action="store_false",
+        help="disable reuse of cached KV for shared prompt prefixes",
+    )
     parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
-        model=args.model, dtype=args.dtype, max_running=args.max_running,
-        max_tokens_per_step=args.max_tokens_per_step, max_model_len=args.max_model_len,
-        kv_cache_gib=args.kv_cache_gib, block_size=args.block_size, num_threads=args.num_threads,
+        model=args.model,
+        dtype=args.dtype,
+        max_running=args.max_running,
+        max_tokens_per_step=args.max_tokens_per_step,
+        max_model_len=args.max_model_len,
+        kv_cache_gib=args.kv_cache_gib,
+        block_size=args.block_size,
+        num_threads=args.num_threads,
         served_model_name=getattr(args, "served_model_name", None),
         enable_prefix_cache=args.enable_prefix_cache,
         weights=args.weights,
@@ -49,11 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", default=None, help="model id clients use (default: from the model file)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--config", default=None, metavar="FILE",
-                       help="TOML file with tenants, API key hashes, limits and the usage ledger "
-                            "(default: no keys, no limits, no ledger)")
-    serve.add_argument("--log-requests", action="store_true",
-                       help="print one JSON line per finished request (stderr)")
+    serve.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="TOML file with tenants, API key hashes, limits and the usage ledger "
+        "(default: no keys, no limits, no ledger)",
+    )
+    serve.add_argument("--log-requests", action="store_true", help="print one JSON line per finished request (stderr)")
 
     usage = sub.add_parser("usage", help="per-tenant usage totals from the ledger")
     usage.add_argument("--config", default=None, metavar="FILE", help="the server's config (its ledger path)")
@@ -88,8 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         from trillium.metering.commands import print_usage
 
         try:
-            return print_usage(ledger=args.ledger, config=args.config, since=args.since, until=args.until,
-                               tenant=args.tenant, as_json=args.json)
+            return print_usage(
+                ledger=args.ledger,
+                config=args.config,
+                since=args.since,
+                until=args.until,
+                tenant=args.tenant,
+                as_json=args.json,
+            )
         except (ValueError, OSError) as exc:
             parser.error(str(exc))
     if args.command == "hash-key":
@@ -100,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level="WARNING")
         from trillium.chat import run_chat
 
-        return run_chat(_engine_config(args), system=args.system, max_tokens=args.max_tokens,
-                        temperature=args.temperature)
+        return run_chat(
+            _engine_config(args), system=args.system, max_tokens=args.max_tokens, temperature=args.temperature
+        )
     return 2
 
 

@@ -53,8 +53,9 @@ class TokenizeError(ValueError):
     """The prompt could not be rendered, encoded or decoded (HTTP 400)."""
 
 
-async def ask(inbox: trio.MemorySendChannel[Any], name: str,
-              message_with_reply: Callable[[trio.MemorySendChannel[Reply]], Any]) -> Reply:
+async def ask(
+    inbox: trio.MemorySendChannel[Any], name: str, message_with_reply: Callable[[trio.MemorySendChannel[Reply]], Any]
+) -> Reply:
     """Send ``message_with_reply(reply)`` to an actor's inbox and wait for its one answer.
 
     The request/reply pattern of every actor that answers (tokenizer, grammar): ``reply`` is a
@@ -77,10 +78,19 @@ class EngineClient:
     detokenization and logprob token strings; whole prompts go through the tokenizer actor.
     """
 
-    def __init__(self, *, model_name: str, model_config: ModelConfig, max_model_len: int, tokenizer: Tokenizer,
-                 scheduler: trio.MemorySendChannel[Any], tokenizer_inbox: trio.MemorySendChannel[Any],
-                 grammar: trio.MemorySendChannel[Any], scheduler_stats: Snapshot[SchedulerStats],
-                 grammar_stats: Snapshot[GrammarStats]) -> None:
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        model_config: ModelConfig,
+        max_model_len: int,
+        tokenizer: Tokenizer,
+        scheduler: trio.MemorySendChannel[Any],
+        tokenizer_inbox: trio.MemorySendChannel[Any],
+        grammar: trio.MemorySendChannel[Any],
+        scheduler_stats: Snapshot[SchedulerStats],
+        grammar_stats: Snapshot[GrammarStats],
+    ) -> None:
         self.model_name = model_name
         self.model_config = model_config
         self.max_model_len = max_model_len
@@ -95,23 +105,38 @@ class EngineClient:
     def new_request_id(self, prefix: str = "req") -> str:
         return f"{prefix}-{next(self._ids)}"
 
-    async def tokenize(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
-                       add_special_tokens: bool = True, add_generation_prompt: bool = True) -> list[int]:
+    async def tokenize(
+        self,
+        *,
+        prompt: str | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        add_special_tokens: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
         """Encode a prompt (raw text or chat messages). Raises TokenizeError or EngineOverloaded.
 
         ``add_special_tokens`` applies to raw text (BOS); chat messages get the template's own.
         ``add_generation_prompt`` ends a chat with the assistant turn's header."""
-        result: TokenizeResult = await ask(self._tokenizer, "tokenizer", lambda reply: TokenizeRequest(
-            prompt=prompt, messages=messages, add_special_tokens=add_special_tokens,
-            add_generation_prompt=add_generation_prompt, reply=reply))
+        result: TokenizeResult = await ask(
+            self._tokenizer,
+            "tokenizer",
+            lambda reply: TokenizeRequest(
+                prompt=prompt,
+                messages=messages,
+                add_special_tokens=add_special_tokens,
+                add_generation_prompt=add_generation_prompt,
+                reply=reply,
+            ),
+        )
         if result.error is not None:
             raise TokenizeError(result.error)
         return result.token_ids
 
     async def detokenize(self, token_ids: list[int]) -> str:
         """Decode token ids (special tokens skipped). Raises TokenizeError or EngineOverloaded."""
-        result: DetokenizeResult = await ask(self._tokenizer, "tokenizer",
-                                             lambda reply: DetokenizeRequest(token_ids, reply=reply))
+        result: DetokenizeResult = await ask(
+            self._tokenizer, "tokenizer", lambda reply: DetokenizeRequest(token_ids, reply=reply)
+        )
         if result.error is not None:
             raise TokenizeError(result.error)
         return result.text
@@ -119,15 +144,22 @@ class EngineClient:
     async def compile_grammar(self, constraint: StructuredOutputs) -> CompiledGrammar:
         """Compile an output constraint (cached by content). Raises GrammarError (malformed,
         unsupported, or over the compile time limit) or EngineOverloaded."""
-        result: GrammarCompiled = await ask(self._grammar, "grammar",
-                                            lambda reply: CompileGrammar(constraint=constraint, reply=reply))
+        result: GrammarCompiled = await ask(
+            self._grammar, "grammar", lambda reply: CompileGrammar(constraint=constraint, reply=reply)
+        )
         if result.error is not None:
             raise GrammarError(result.error)
         grammar: CompiledGrammar = result.grammar  # protocol/ carries it untyped (no upward import)
         return grammar
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-               cache_salt: str | None = None, grammar: CompiledGrammar | None = None) -> Mailbox[TokenDelta]:
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        cache_salt: str | None = None,
+        grammar: CompiledGrammar | None = None,
+    ) -> Mailbox[TokenDelta]:
         """Queue a request; its deltas arrive in the returned mailbox. Raises EngineOverloaded, or
         SamplingParamError for token ids outside the vocabulary.
         A request with ``sampling.structured`` needs its ``grammar`` from :meth:`compile_grammar`."""
@@ -136,8 +168,13 @@ class EngineClient:
         sampling.check_vocab(self.model_config.vocab_size)  # SamplingParamError (a ValueError)
         mailbox: Mailbox[TokenDelta] = Mailbox(merge_deltas)
         message = AddRequest(
-            request_id=request_id, prompt_token_ids=prompt_token_ids, sampling=sampling, reply=mailbox,
-            arrival_time=time.monotonic(), cache_salt=cache_salt, grammar=grammar,
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling=sampling,
+            reply=mailbox,
+            arrival_time=time.monotonic(),
+            cache_salt=cache_salt,
+            grammar=grammar,
         )
         try:
             self._scheduler.send_nowait(message)
@@ -145,8 +182,14 @@ class EngineClient:
             raise EngineOverloaded("scheduler queue is full") from None
         return mailbox
 
-    def open_stream(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                    cache_salt: str | None = None, grammar: CompiledGrammar | None = None) -> RequestStream:
+    def open_stream(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        cache_salt: str | None = None,
+        grammar: CompiledGrammar | None = None,
+    ) -> RequestStream:
         """Submit a request and return its text stream. Raises EngineOverloaded."""
         mailbox = self.submit(request_id, prompt_token_ids, sampling, cache_salt, grammar)
         return RequestStream(self, request_id, len(prompt_token_ids), sampling, mailbox)
@@ -163,8 +206,10 @@ class EngineClient:
 
     def stats(self) -> dict[str, Any]:
         """The latest counters the scheduler and grammar actors published (``/stats``, ``/metrics``)."""
-        return {**msgspec.structs.asdict(self._scheduler_stats.latest),
-                **msgspec.structs.asdict(self._grammar_stats.latest)}
+        return {
+            **msgspec.structs.asdict(self._scheduler_stats.latest),
+            **msgspec.structs.asdict(self._grammar_stats.latest),
+        }
 
 
 @dataclasses.dataclass
@@ -186,8 +231,14 @@ class RequestStream:
     :meth:`abort` is synchronous so that it is safe in ``finally`` blocks.
     """
 
-    def __init__(self, client: EngineClient, request_id: str, num_prompt_tokens: int, sampling: SamplingParams,
-                 mailbox: Mailbox[TokenDelta]) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        request_id: str,
+        num_prompt_tokens: int,
+        sampling: SamplingParams,
+        mailbox: Mailbox[TokenDelta],
+    ) -> None:
         self.client = client
         self.request_id = request_id
         self.num_prompt_tokens = num_prompt_tokens

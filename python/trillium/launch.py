@@ -50,8 +50,12 @@ def resolve_weights(config: EngineConfig, path: str) -> EngineConfig:
     """
     if config.weights == "dense":
         return config
-    if (config.weights == "auto" and config.dtype_auto and config.dtype != "fp32"
-            and can_run_quantized(path, torch.float32)[0]):
+    if (
+        config.weights == "auto"
+        and config.dtype_auto
+        and config.dtype != "fp32"
+        and can_run_quantized(path, torch.float32)[0]
+    ):
         return dataclasses.replace(config, dtype="fp32", weights="quantized")
     ok, why = can_run_quantized(path, config.torch_dtype)
     if config.weights != "auto" and not ok:
@@ -75,14 +79,20 @@ class Engine:
         self.config = config = resolve_weights(config, path)
         quantized = config.weights != "dense"
         int8 = config.weights == "quantized-int8"
-        log.info("loading model from %s (%s activations, %s weights)", path, "int8" if int8 else config.dtype,
-                 "quantized" if quantized else "dense")
-        self.model, self.model_config = load_model(path, dtype=config.torch_dtype, progress=progress,
-                                                   quantized=quantized, int8_activations=int8)
+        log.info(
+            "loading model from %s (%s activations, %s weights)",
+            path,
+            "int8" if int8 else config.dtype,
+            "quantized" if quantized else "dense",
+        )
+        self.model, self.model_config = load_model(
+            path, dtype=config.torch_dtype, progress=progress, quantized=quantized, int8_activations=int8
+        )
         self.tokenizer = load_tokenizer(path)
         model_name = config.served_model_name or self.model_config.name
-        max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
-                            self.model_config.max_position_embeddings)
+        max_model_len = min(
+            config.max_model_len or self.model_config.max_position_embeddings, self.model_config.max_position_embeddings
+        )
 
         num_blocks = int(config.kv_cache_gib * 2**30) // kv_bytes_per_block(
             self.model_config, config.block_size, config.torch_dtype
@@ -91,7 +101,10 @@ class Engine:
         allocator = _core.BlockAllocator(num_blocks)
         tree = _core.RadixTree(allocator, config.block_size) if config.enable_prefix_cache else None
         self.runner = ModelRunner(
-            self.model, self.model_config, num_blocks=num_blocks, block_size=config.block_size,
+            self.model,
+            self.model_config,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
             dtype=config.torch_dtype,
         )
         scheduler_config = SchedulerConfig(
@@ -113,13 +126,20 @@ class Engine:
         self.grammar_actor = GrammarActor(compiler, grammar_recv, grammar_stats)
         bitmask_filler = BitmaskFiller(config.max_running, self.model_config.vocab_size)
         kv = KVBlockManager(allocator, config.block_size, tree)
-        self.scheduler = SchedulerActor(scheduler_config, kv, self.runner, scheduler_recv, bitmask_filler,
-                                        stats=scheduler_stats)
+        self.scheduler = SchedulerActor(
+            scheduler_config, kv, self.runner, scheduler_recv, bitmask_filler, stats=scheduler_stats
+        )
         self.tokenizer_actor = TokenizerActor(self.tokenizer, tokenizer_recv)
         self.client = EngineClient(
-            model_name=model_name, model_config=self.model_config, max_model_len=max_model_len,
-            tokenizer=self.tokenizer, scheduler=scheduler_send, tokenizer_inbox=tokenizer_send,
-            grammar=grammar_send, scheduler_stats=scheduler_stats, grammar_stats=grammar_stats,
+            model_name=model_name,
+            model_config=self.model_config,
+            max_model_len=max_model_len,
+            tokenizer=self.tokenizer,
+            scheduler=scheduler_send,
+            tokenizer_inbox=tokenizer_send,
+            grammar=grammar_send,
+            scheduler_stats=scheduler_stats,
+            grammar_stats=grammar_stats,
         )
 
     def actors(self) -> list[Actor]:

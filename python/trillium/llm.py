@@ -32,28 +32,34 @@ class RequestOutput:
 class LLM:
     """An in-process engine. Construction loads the model (default: the embedded SmolLM2)."""
 
-    def __init__(self, model: str | None = None, *, dtype: str = "auto", progress: bool = True,
-                 **engine_args: Any) -> None:
+    def __init__(
+        self, model: str | None = None, *, dtype: str = "auto", progress: bool = True, **engine_args: Any
+    ) -> None:
         self.engine = Engine(EngineConfig(model=model, dtype=dtype, **engine_args), progress=progress)
         self.tokenizer = self.engine.tokenizer
 
-    def generate(self, prompts: str | Sequence[str],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+    def generate(
+        self, prompts: str | Sequence[str], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
         """Complete each raw-text prompt; all prompts are batched together by the scheduler.
         ``sampling_params`` is one for all prompts or one per prompt (as in vLLM)."""
         if isinstance(prompts, str):
             prompts = [prompts]
         return trio.run(self._run_all, [{"prompt": p} for p in prompts], sampling_params or SamplingParams())
 
-    def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+    def chat(
+        self,
+        conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """Answer chat conversations (rendered with the model's chat template)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # one conversation
         return trio.run(self._run_all, [{"messages": c} for c in conversations], sampling_params or SamplingParams())
 
-    async def _run_all(self, inputs: list[dict[str, Any]], sampling_params: SamplingParams | Sequence[SamplingParams]
-                       ) -> list[RequestOutput]:
+    async def _run_all(
+        self, inputs: list[dict[str, Any]], sampling_params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[RequestOutput]:
         results: list[RequestOutput | None] = [None] * len(inputs)
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(inputs)

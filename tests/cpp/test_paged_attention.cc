@@ -11,14 +11,13 @@
 
 #include "attention_problem.h"
 #include "check.h"
+#include "trillium/cpu_isa.h"
 
 using trillium::DType;
 using trillium::KernelIsa;
 using trillium::test::Problem;
 
 namespace {
-
-constexpr KernelIsa kIsas[] = {KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512};
 
 double tolerance(DType t) { return t == DType::kF32 ? 1e-4 : 2e-2; }
 
@@ -46,7 +45,7 @@ bool run_case(std::mt19937& rng, const std::vector<std::pair<int32_t, int32_t>>&
 
 void test_decode_and_extend_random(uint32_t seed) {
   std::mt19937 rng(seed);
-  for (KernelIsa isa : kIsas) {
+  for (KernelIsa isa : trillium::kAllKernelIsas) {
     if (!trillium::kernel_isa_supported(isa)) continue;
     CHECK_OK(trillium::set_kernel_isa(isa));
     for (DType dtype : {DType::kF32, DType::kBF16}) {
@@ -105,21 +104,11 @@ void test_rejects_bad_input() {
   CHECK(!std::isnan(p.out.at(0)));
 }
 
-void test_isa_selection() {
-  CHECK(trillium::kernel_isa_supported(KernelIsa::kPortable));
-  CHECK_OK(trillium::set_kernel_isa(KernelIsa::kPortable));
-  CHECK(trillium::kernel_isa() == KernelIsa::kPortable);
-#if !defined(__x86_64__)
-  CHECK(trillium::set_kernel_isa(KernelIsa::kAvx512).code() == trillium::StatusCode::kInvalidArgument);
-#endif
-}
-
 }  // namespace
 
 int main() {
   const uint32_t seed = std::random_device{}();
   test_decode_and_extend_random(seed);
   test_rejects_bad_input();
-  test_isa_selection();
   return trillium::test::test_exit_code();
 }

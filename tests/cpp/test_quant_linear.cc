@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "check.h"
-#include "trillium/kernels/paged_attention.h"  // set_kernel_isa
+#include "trillium/cpu_isa.h"
 
 namespace {
 
@@ -74,7 +74,7 @@ void run(int32_t bits, int64_t M, int64_t N, int64_t K, std::mt19937& rng) {
     }
   }
 
-  for (auto isa : {trillium::KernelIsa::kPortable, trillium::KernelIsa::kAvx2, trillium::KernelIsa::kAvx512}) {
+  for (trillium::KernelIsa isa : trillium::kAllKernelIsas) {
     if (!trillium::kernel_isa_supported(isa)) continue;
     CHECK_OK(trillium::set_kernel_isa(isa));
     std::vector<float> out(static_cast<size_t>(M * N), -1e30f);

@@ -25,10 +25,12 @@ class ServerProcess:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(tempfile.gettempdir(), f"trillium-test-server-{self.port}.log")
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115  # the server's log for its lifetime; closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trillium.cli", "serve", "--port", str(self.port), *extra_args],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:

@@ -37,14 +37,15 @@ def sha256(key: str) -> str:
 
 def new_admin_key() -> tuple[str, str]:
     """A key and its hash from ``trillium hash-key`` (the CLI, in a subprocess)."""
-    out = subprocess.run([sys.executable, "-m", "trillium.cli", "hash-key"], capture_output=True, text=True,
-                         check=True, timeout=60).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "trillium.cli", "hash-key"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
     return re.search(r"^key:\s+(\S+)$", out, re.M).group(1), re.search(r"^hash:\s+(\S+)$", out, re.M).group(1)
 
 
 def write_config(directory: Path, admin_hash: str, tenants: dict[str, dict] | None = None) -> Path:
     tenants = tenants if tenants is not None else {t: LIMITS.get(t, {}) for t in KEYS}
-    lines = ['[ledger]', 'path = "ledger/usage.sqlite"', "[admin]", f'keys = ["{admin_hash}"]']
+    lines = ["[ledger]", 'path = "ledger/usage.sqlite"', "[admin]", f'keys = ["{admin_hash}"]']
     for tenant, limits in tenants.items():
         lines += [f"[tenants.{tenant}]", f'keys = ["{sha256(KEYS[tenant])}"]']
         lines += [f"{name} = {value}" for name, value in limits.items()]
@@ -78,7 +79,7 @@ class MeteredServer:
         deadline = time.monotonic() + timeout
         while True:
             rows = self.usage(client, tenant=tenant)
-            if rows and rows[0]["requests"] >= count or time.monotonic() > deadline:
+            if (rows and rows[0]["requests"] >= count) or time.monotonic() > deadline:
                 assert rows and rows[0]["requests"] == count, rows
                 return rows[0]
             time.sleep(0.02)
@@ -105,8 +106,11 @@ def scrape(client: httpx.Client, base_url: str) -> dict[tuple[str, frozenset], f
     """``GET /metrics`` through prometheus_client's parser: {(sample name, labels): value}."""
     r = client.get(base_url + "/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(r.text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
 
 
 def sample(samples: dict, name: str, **labels) -> float:
@@ -119,4 +123,4 @@ def sample(samples: dict, name: str, **labels) -> float:
 def sse_lines(response: httpx.Response):
     for line in response.iter_lines():
         if line.startswith("data: ") and line != "data: [DONE]":
-            yield line[len("data: "):]
+            yield line[len("data: ") :]

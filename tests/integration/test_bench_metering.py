@@ -15,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_quick_run(tmp_path):
     result = tmp_path / "run.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "metering_overhead.py"), "--quick",
-                           "--result-file", str(result)], capture_output=True, text=True, timeout=400, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "metering_overhead.py"), "--quick", "--result-file", str(result)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     rows, summary = lines[:-1], lines[-1]
@@ -35,9 +40,14 @@ def test_quick_run(tmp_path):
 
 
 def test_micro_quick_run():
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "metering_micro.py"), "--quick"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "metering_micro.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = json.loads(proc.stdout.splitlines()[-1])
     assert row["requests"] == 500
-    assert 0 < row["open_us_per_request"] and 0 < row["metered_us_per_request"] and row["ledger_us_per_record"] > 0
+    assert row["open_us_per_request"] > 0 and row["metered_us_per_request"] > 0 and row["ledger_us_per_record"] > 0

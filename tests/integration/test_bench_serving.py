@@ -18,9 +18,23 @@ from serving_metrics import parse_slo, percentile, summarize  # noqa: E402
 def test_quick_run_against_the_server(server, tmp_path):
     result = tmp_path / "run.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "serving.py"), "--quick", "--base-url", server.base_url,
-         "--goodput", "ttft:60000", "tpot:60000", "--result-file", str(result), "--no-progress"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "serving.py"),
+            "--quick",
+            "--base-url",
+            server.base_url,
+            "--goodput",
+            "ttft:60000",
+            "tpot:60000",
+            "--result-file",
+            str(result),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -40,8 +54,14 @@ def test_metric_definitions():
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([5.0], 99) == 5.0
     # One request: start 0, text chunks at 1.0, 1.5, 2.5, end 2.5, 4 tokens (the first chunk had 2).
-    rec = {"start": 0.0, "chunk_times": [1.0, 1.5, 2.5], "end": 2.5, "output_tokens": 4, "prompt_tokens": 10,
-           "ok": True}
+    rec = {
+        "start": 0.0,
+        "chunk_times": [1.0, 1.5, 2.5],
+        "end": 2.5,
+        "output_tokens": 4,
+        "prompt_tokens": 10,
+        "ok": True,
+    }
     failed = {"start": 0.0, "chunk_times": [], "end": 0.1, "output_tokens": 0, "prompt_tokens": 0, "ok": False}
     row = summarize([rec, failed], wall_s=5.0, slo=parse_slo(["ttft:900"]))
     assert row["completed"] == 1 and row["failed"] == 1

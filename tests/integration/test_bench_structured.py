@@ -26,8 +26,15 @@ def test_coverage_reports_each_subset_and_a_summary():
     summary = lines[-1]
     assert summary["schemas"] == 6 and 0 <= summary["compiled"] <= 6
     assert summary["valid_instances"] > 0 and summary["masks"] > 0  # instances were fed token by token
-    for key in ("coverage_pct", "false_rejects", "false_accepts", "compile_ms_p50", "compile_ms_p99",
-                "mask_us_p50", "mask_us_p99"):
+    for key in (
+        "coverage_pct",
+        "false_rejects",
+        "false_accepts",
+        "compile_ms_p50",
+        "compile_ms_p99",
+        "mask_us_p50",
+        "mask_us_p99",
+    ):
         assert key in summary
 
 

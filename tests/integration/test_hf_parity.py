@@ -20,6 +20,8 @@ position whose fp32 margin is below 1.0.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -82,7 +84,7 @@ class PagedRunner:
     def greedy(self, prompt: list[int], num_new: int, chunks: int = 1) -> tuple[list[int], torch.Tensor]:
         """Tokens generated greedily and the prefill's last-position logits."""
         bounds = [len(prompt) * i // chunks for i in range(chunks + 1)]
-        for a, b in zip(bounds, bounds[1:]):
+        for a, b in itertools.pairwise(bounds):
             logits = self.step(prompt[a:b], a)
         first_logits = logits
         out = [int(logits.argmax())]

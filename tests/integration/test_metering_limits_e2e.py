@@ -42,13 +42,16 @@ def assert_rate_limited(r: httpx.Response, limit: str, kind: str, max_retry_afte
 # ---- 401 ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method, path, body", [
-    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
-    ("POST", "/v1/completions", completion()),
-    ("GET", "/v1/models", None),
-    ("POST", "/tokenize", {"prompt": "hi"}),
-    ("POST", "/detokenize", {"tokens": [1]}),
-])
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+        ("POST", "/v1/completions", completion()),
+        ("GET", "/v1/models", None),
+        ("POST", "/tokenize", {"prompt": "hi"}),
+        ("POST", "/detokenize", {"tokens": [1]}),
+    ],
+)
 def test_every_api_route_needs_a_known_key(http, method, path, body):
     missing = http.request(method, path, json=body)
     assert_error(missing, 401, "missing_api_key")
@@ -60,8 +63,9 @@ def test_every_api_route_needs_a_known_key(http, method, path, body):
 
 
 def test_admin_key_is_not_a_tenant_key(http, metered_server):
-    assert_error(http.post("/v1/completions", json=completion(), headers=auth(metered_server.admin_key)), 401,
-                 "invalid_api_key")
+    assert_error(
+        http.post("/v1/completions", json=completion(), headers=auth(metered_server.admin_key)), 401, "invalid_api_key"
+    )
 
 
 def test_health_and_metrics_need_no_key(http):
@@ -85,6 +89,7 @@ async def burst(base_url: str, tenant: str, payloads: list[dict]) -> list[httpx.
     """Send every payload at once; the responses in completion order."""
     responses = []
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+
         async def one(payload):
             responses.append(await client.post("/v1/completions", json=payload, headers=tenant_auth(tenant)))
 
@@ -107,8 +112,9 @@ def test_requests_per_minute_burst(metered_server):
     with httpx.Client(timeout=60) as client:
         samples = scrape(client, metered_server.base_url)
         # Refused at admission: counted in the metrics, no usage record (nothing was admitted).
-        assert sample(samples, "trillium:tenant_rate_limited_requests_total", tenant="rpm",
-                      limit="requests_per_minute") == len(refused)
+        assert sample(
+            samples, "trillium:tenant_rate_limited_requests_total", tenant="rpm", limit="requests_per_minute"
+        ) == len(refused)
         assert metered_server.usage(client, tenant="rpm")[0]["requests"] == len(ok)
 
 
@@ -179,8 +185,12 @@ def test_concurrent_requests_limit(metered_server):
         assert client.post("/v1/completions", json=completion(), headers=tenant_auth("conc")).status_code == 200
         metered_server.wait_for_requests(client, "conc", limit + 1)
         samples = scrape(client, metered_server.base_url)
-        assert sample(samples, "trillium:tenant_rate_limited_requests_total", tenant="conc",
-                      limit="max_concurrent_requests") == 2 * limit
+        assert (
+            sample(
+                samples, "trillium:tenant_rate_limited_requests_total", tenant="conc", limit="max_concurrent_requests"
+            )
+            == 2 * limit
+        )
 
 
 def test_max_tokens_per_request(http):
@@ -190,12 +200,19 @@ def test_max_tokens_per_request(http):
     error = assert_rate_limited(over, "max_tokens_per_request", "tokens", max_retry_after=60)
     assert over.headers["retry-after"] == "60" and f"max tokens per request {cap}" in error["message"]
     # n choices count n times.
-    assert_rate_limited(http.post("/v1/completions", json=completion(max_tokens=16, n=3), headers=headers),
-                        "max_tokens_per_request", "tokens", max_retry_after=60)
+    assert_rate_limited(
+        http.post("/v1/completions", json=completion(max_tokens=16, n=3), headers=headers),
+        "max_tokens_per_request",
+        "tokens",
+        max_retry_after=60,
+    )
     ok = http.post("/v1/completions", json=completion(max_tokens=8, n=2), headers=headers)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 16
     # Without max_tokens, chat gets what the limit leaves after the prompt.
-    chat = http.post("/v1/chat/completions", headers=headers, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}], "temperature": 0})
+    chat = http.post(
+        "/v1/chat/completions",
+        headers=headers,
+        json={"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}], "temperature": 0},
+    )
     assert chat.status_code == 200, chat.text
     assert chat.json()["usage"]["total_tokens"] <= cap

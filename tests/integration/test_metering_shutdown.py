@@ -19,10 +19,18 @@ def test_records_survive_shutdown_with_requests_in_flight(tmp_path):
         with httpx.Client(base_url=srv.base_url, timeout=60) as client, contextlib.ExitStack() as stack:
             streams = []  # (request id, the rest of its SSE lines)
             for max_tokens in (48, 48, 48, 1500):
-                payload = {"model": MODEL, "prompt": "Count:", "max_tokens": max_tokens, "temperature": 0,
-                           "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-                r = stack.enter_context(client.stream("POST", "/v1/completions", json=payload,
-                                                      headers=tenant_auth("open")))
+                payload = {
+                    "model": MODEL,
+                    "prompt": "Count:",
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+                r = stack.enter_context(
+                    client.stream("POST", "/v1/completions", json=payload, headers=tenant_auth("open"))
+                )
                 assert r.status_code == 200
                 lines = sse_lines(r)
                 streams.append((json.loads(next(lines))["id"], lines))
@@ -58,4 +66,5 @@ def test_records_survive_shutdown_with_requests_in_flight(tmp_path):
     assert min(at) > next(i for i, line in enumerate(log) if "received SIGTERM" in line)
     assert sorted(line["request_id"] for line in logged) == sorted(rows)
     assert {line["request_id"]: line["completion_tokens"] for line in logged} == {
-        i: row["completion_tokens"] for i, row in rows.items()}
+        i: row["completion_tokens"] for i, row in rows.items()
+    }

@@ -72,8 +72,7 @@ def test_one_record_per_request_with_the_clients_token_counts(http, metered_serv
         said[request_id] = usage
     # Streamed without include_usage: the client does not see usage; the ledger still has it.
     unreported, _ = stream(http, "/v1/completions", completion([1, 2, 3], max_tokens=2, ignore_eos=True), tenant)
-    aborted = hang_up_mid_stream(http, "/v1/completions", completion("Count:", max_tokens=500, ignore_eos=True),
-                                 tenant)
+    aborted = hang_up_mid_stream(http, "/v1/completions", completion("Count:", max_tokens=500, ignore_eos=True), tenant)
     # Admitted, then refused: a bad field, an unknown model, a context too long.
     headers = tenant_auth(tenant)
     assert http.post("/v1/completions", json=completion("x", max_tokens=-1), headers=headers).status_code == 400
@@ -88,7 +87,10 @@ def test_one_record_per_request_with_the_clients_token_counts(http, metered_serv
     for request_id, usage in said.items():
         row = by_id[request_id]
         assert (row["prompt_tokens"], row["completion_tokens"], row["cached_tokens"]) == (
-            usage["prompt_tokens"], usage["completion_tokens"], usage["prompt_tokens_details"]["cached_tokens"])
+            usage["prompt_tokens"],
+            usage["completion_tokens"],
+            usage["prompt_tokens_details"]["cached_tokens"],
+        )
         assert row["status"] == "completed" and row["http_status"] == 200 and row["model"] == MODEL
         assert row["ttft"] is not None and row["e2e"] >= row["ttft"] > 0
     assert by_id[next(iter(said))]["finish_reason"] == "length"
@@ -100,15 +102,20 @@ def test_one_record_per_request_with_the_clients_token_counts(http, metered_serv
     assert cut["status"] == "aborted" and cut["finish_reason"] == "abort" and 0 < cut["completion_tokens"] < 500
     refused = [row for row in rows if row["request_id"] not in said and row["request_id"] not in (unreported, aborted)]
     assert sorted(row["http_status"] for row in refused) == [400, 400, 400, 404]
-    assert all(row["status"] == "rejected" and row["prompt_tokens"] == row["completion_tokens"] == 0
-               for row in refused)
+    assert all(row["status"] == "rejected" and row["prompt_tokens"] == row["completion_tokens"] == 0 for row in refused)
     assert {"chatcmpl" if row["endpoint"] == "chat" else "cmpl" for row in rows} == {
-        row["request_id"].split("-")[0] for row in rows}
+        row["request_id"].split("-")[0] for row in rows
+    }
     # The totals served by /v1/usage are the ledger's.
     assert totals == {
-        "tenant": tenant, "requests": len(rows),
-        "completed": len(said) + 1, "aborted": 1, "failed": 0, "rejected": 4,
-        "prompt_tokens": sum(r["prompt_tokens"] for r in rows), "cached_tokens": sum(r["cached_tokens"] for r in rows),
+        "tenant": tenant,
+        "requests": len(rows),
+        "completed": len(said) + 1,
+        "aborted": 1,
+        "failed": 0,
+        "rejected": 4,
+        "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+        "cached_tokens": sum(r["cached_tokens"] for r in rows),
         "completion_tokens": sum(r["completion_tokens"] for r in rows),
         "total_tokens": sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows),
     }
@@ -120,8 +127,12 @@ def test_metrics_counters_move_by_the_usage(http, metered_server):
     usages = [
         post(http, "/v1/completions", completion("Once upon", max_tokens=4, ignore_eos=True), tenant)["usage"],
         post(http, "/v1/chat/completions", chat("Hi!", max_tokens=4, logit_bias={str(EOS): 100}), tenant)["usage"],
-        stream(http, "/v1/chat/completions", chat("Count to three.", max_tokens=3, n=2, ignore_eos=True,
-                                                  stream_options={"include_usage": True}), tenant)[1],
+        stream(
+            http,
+            "/v1/chat/completions",
+            chat("Count to three.", max_tokens=3, n=2, ignore_eos=True, stream_options={"include_usage": True}),
+            tenant,
+        )[1],
     ]
     refused = http.post("/v1/completions", json=completion("x", max_tokens=0), headers=tenant_auth(tenant))
     assert refused.status_code == 400
@@ -174,8 +185,12 @@ def test_usage_command_reads_the_same_totals(http, metered_server, capsys):
     post(http, "/v1/completions", completion("Hello", max_tokens=2), "open")
     served = metered_server.usage(http)  # answered once every earlier record is on disk
     # The installed command once, in its own process (another reader of the live WAL ledger) ...
-    proc = subprocess.run([sys.executable, "-m", "trillium.cli", "usage", "--ledger", str(metered_server.ledger_path),
-                           "--json"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trillium.cli", "usage", "--ledger", str(metered_server.ledger_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["data"] == served
 

@@ -28,8 +28,10 @@ def test_generate_batches_prompts_and_respects_max_tokens(llm):
 
 
 def test_chat_stops_at_end_of_turn(llm):
-    out = llm.chat([{"role": "user", "content": "What is 2+2? Answer with a number."}],
-                   SamplingParams(max_tokens=64, temperature=0))[0]
+    out = llm.chat(
+        [{"role": "user", "content": "What is 2+2? Answer with a number."}],
+        SamplingParams(max_tokens=64, temperature=0),
+    )[0]
     assert out.finish_reason == "stop"
     assert "4" in out.text
     assert out.token_ids[-1] in llm.tokenizer.eos_token_ids
@@ -42,9 +44,26 @@ def test_many_prompts_more_than_the_inbox_bound(llm):
 
 def test_trillium_chat_streams_an_answer():
     proc = subprocess.run(
-        [sys.executable, "-m", "trillium.cli", "chat", "--dtype", "fp32", "--max-model-len", "1024",
-         "--kv-cache-gib", "0.1", "--temperature", "0", "--max-tokens", "32"],
-        input="What is the capital of France?\n\n", capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "trillium.cli",
+            "chat",
+            "--dtype",
+            "fp32",
+            "--max-model-len",
+            "1024",
+            "--kv-cache-gib",
+            "0.1",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "32",
+        ],
+        input="What is the capital of France?\n\n",
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout

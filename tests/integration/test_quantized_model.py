@@ -20,8 +20,13 @@ from trillium.tokenizer import load_tokenizer
 ok, why = can_run_quantized(default_model_path(), torch.float32)
 pytestmark = pytest.mark.skipif(not ok, reason=f"quantized weights cannot run here: {why}")
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
-           "The theory of relativity states that", "List three colors:"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The theory of relativity states that",
+    "List three colors:",
+]
 
 
 @pytest.fixture(scope="module")

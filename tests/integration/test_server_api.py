@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -17,8 +16,10 @@ def test_models_lists_the_served_model(openai_client):
 
 def test_chat_completion_not_streamed(openai_client):
     r = openai_client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=40, temperature=0,
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=40,
+        temperature=0,
     )
     choice = r.choices[0]
     assert choice.message.role == "assistant"
@@ -37,7 +38,10 @@ def test_finish_reason_length_at_max_tokens(openai_client):
 
 def test_finish_reason_stop_on_eos(openai_client):
     r = openai_client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=200, temperature=0,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=200,
+        temperature=0,
     )
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.completion_tokens < 200
@@ -45,7 +49,12 @@ def test_finish_reason_stop_on_eos(openai_client):
 
 
 def test_streamed_chat_matches_non_streamed(openai_client):
-    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Name three colors."}], max_tokens=30, temperature=0)
+    kwargs = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Name three colors."}],
+        "max_tokens": 30,
+        "temperature": 0,
+    }
     full = openai_client.chat.completions.create(**kwargs)
     chunks = list(openai_client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -58,13 +67,16 @@ def test_streamed_chat_matches_non_streamed(openai_client):
 
 
 def test_streamed_completion_ends_with_done(http):
-    with http.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "The sky is", "max_tokens": 8,
-                                                        "temperature": 0, "stream": True}) as r:
+    with http.stream(
+        "POST",
+        "/v1/completions",
+        json={"model": MODEL, "prompt": "The sky is", "max_tokens": 8, "temperature": 0, "stream": True},
+    ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [line for line in r.iter_lines() if line]
     assert events[-1] == "data: [DONE]"
-    payloads = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    payloads = [json.loads(e[len("data: ") :]) for e in events[:-1]]
     assert all(p["object"] == "text_completion" for p in payloads)
     assert payloads[-1]["choices"][0]["finish_reason"] == "length"
     assert "".join(p["choices"][0]["text"] for p in payloads).strip()
@@ -74,13 +86,22 @@ def test_stop_string_is_not_returned(openai_client):
     base = openai_client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
     text = base.choices[0].text
     assert " 6" in text, text  # the model counts on
-    stopped = openai_client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[" 6"])
+    stopped = openai_client.completions.create(
+        model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[" 6"]
+    )
     assert stopped.choices[0].text == text[: text.index(" 6")]
     assert stopped.choices[0].finish_reason == "stop"
 
 
 def test_sampling_with_temperature_and_seed_is_reproducible(openai_client):
-    kwargs = dict(model=MODEL, prompt="My favourite food is", max_tokens=12, temperature=1.0, top_p=0.9, seed=1234)
+    kwargs = {
+        "model": MODEL,
+        "prompt": "My favourite food is",
+        "max_tokens": 12,
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "seed": 1234,
+    }
     a = openai_client.completions.create(**kwargs).choices[0].text
     b = openai_client.completions.create(**kwargs).choices[0].text
     assert a == b
@@ -97,11 +118,36 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"model": MODEL}, 400, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"model": MODEL, "messages": "hi"}, 400, "messages"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}, 400, "max_tokens"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 3}, 400, "temperature"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+        400,
+        "max_tokens",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"},
+        400,
+        "max_tokens",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 3},
+        400,
+        "temperature",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 0},
+        400,
+        "top_p",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]},
+        400,
+        "messages[0].role",
+    ),
     ("/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
     ("/v1/completions", {"model": MODEL, "prompt": "word " * 3000}, 400, "prompt"),
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 5000}, 400, "max_tokens"),

@@ -12,13 +12,34 @@ import trio
 from tests.integration.conftest import SERVER_ARGS, ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
-TOPICS = ["the sea", "a robot", "winter", "coffee", "a city at night", "mountains", "a cat", "music",
-          "the moon", "a library", "rain", "an old friend", "trains", "a garden", "fire", "bread"]
+TOPICS = [
+    "the sea",
+    "a robot",
+    "winter",
+    "coffee",
+    "a city at night",
+    "mountains",
+    "a cat",
+    "music",
+    "the moon",
+    "a library",
+    "rain",
+    "an old friend",
+    "trains",
+    "a garden",
+    "fire",
+    "bread",
+]
 
 
 def body(topic: str, max_tokens: int = 16, stream: bool = True) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": f"Write one sentence about {topic}."}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"Write one sentence about {topic}."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
 
 
 async def stream_text(client: httpx.AsyncClient, payload: dict) -> tuple[str, str]:
@@ -28,7 +49,7 @@ async def stream_text(client: httpx.AsyncClient, payload: dict) -> tuple[str, st
         async for line in r.aiter_lines():
             if not line or line == "data: [DONE]":
                 continue
-            choice = json.loads(line[len("data: "):])["choices"][0]
+            choice = json.loads(line[len("data: ") :])["choices"][0]
             text.append(choice["delta"].get("content") or "")
             finish = choice["finish_reason"] or finish
     return "".join(text), finish
@@ -66,7 +87,9 @@ async def test_sixteen_concurrent_streams_match_sequential_outputs(server):
 async def test_client_disconnect_frees_blocks(server):
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
         await wait_idle(client)
-        async with client.stream("POST", "/v1/chat/completions", json={**body("the sea", 1500), "ignore_eos": True}) as r:
+        async with client.stream(
+            "POST", "/v1/chat/completions", json={**body("the sea", 1500), "ignore_eos": True}
+        ) as r:
             seen = 0
             async for line in r.aiter_lines():
                 seen += bool(line)
@@ -106,8 +129,11 @@ def test_sigterm_finishes_in_flight_streams_and_exits_cleanly():
     srv = ServerProcess(*SERVER_ARGS)
     try:
         with httpx.Client(base_url=srv.base_url, timeout=60) as client:
-            with client.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "Count:", "max_tokens": 40,
-                                                                 "ignore_eos": True, "stream": True}) as r:
+            with client.stream(
+                "POST",
+                "/v1/completions",
+                json={"model": MODEL, "prompt": "Count:", "max_tokens": 40, "ignore_eos": True, "stream": True},
+            ) as r:
                 lines = r.iter_lines()
                 first = next(line for line in lines if line)
                 assert first.startswith("data: ")

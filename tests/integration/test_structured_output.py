@@ -18,9 +18,15 @@ SCHEMAS = {
     "nested_required_closed": {
         "type": "object",
         "properties": {
-            "user": {"type": "object", "additionalProperties": False, "required": ["name", "id"],
-                     "properties": {"name": {"type": "string", "maxLength": 20},
-                                    "id": {"type": "integer", "minimum": 1, "maximum": 9999}}},
+            "user": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "id"],
+                "properties": {
+                    "name": {"type": "string", "maxLength": 20},
+                    "id": {"type": "integer", "minimum": 1, "maximum": 9999},
+                },
+            },
             "active": {"type": "boolean"},
         },
         "required": ["user", "active"],
@@ -28,38 +34,47 @@ SCHEMAS = {
     },
     "array_bounds": {
         "type": "object",
-        "properties": {"colors": {"type": "array", "items": {"type": "string", "maxLength": 12},
-                                  "minItems": 2, "maxItems": 4}},
+        "properties": {
+            "colors": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 2, "maxItems": 4}
+        },
         "required": ["colors"],
         "additionalProperties": False,
     },
     "enum_and_number": {
         "type": "object",
-        "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]},
-                       "confidence": {"type": "number", "minimum": 0, "maximum": 1}},
+        "properties": {
+            "sentiment": {"enum": ["positive", "negative", "neutral"]},
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        },
         "required": ["sentiment", "confidence"],
         "additionalProperties": False,
     },
     "any_of_and_null": {
         "type": "object",
-        "properties": {"value": {"anyOf": [{"type": "integer", "maximum": 1000}, {"type": "string", "maxLength": 10}]},
-                       "unit": {"type": ["string", "null"], "maxLength": 5}},
+        "properties": {
+            "value": {"anyOf": [{"type": "integer", "maximum": 1000}, {"type": "string", "maxLength": 10}]},
+            "unit": {"type": ["string", "null"], "maxLength": 5},
+        },
         "required": ["value", "unit"],
         "additionalProperties": False,
     },
     "string_formats": {
         "type": "object",
-        "properties": {"email": {"type": "string", "format": "email", "maxLength": 40},
-                       "birthday": {"type": "string", "format": "date"},
-                       "id": {"type": "string", "format": "uuid"}},
+        "properties": {
+            "email": {"type": "string", "format": "email", "maxLength": 40},
+            "birthday": {"type": "string", "format": "date"},
+            "id": {"type": "string", "format": "uuid"},
+        },
         "required": ["email", "birthday", "id"],
         "additionalProperties": False,
     },
     "integer_bounds": {
         "type": "object",
-        "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 99},
-                       "score": {"type": "number", "exclusiveMinimum": 0, "maximum": 10},
-                       "count": {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100}},
+        "properties": {
+            "age": {"type": "integer", "minimum": 18, "maximum": 99},
+            "score": {"type": "number", "exclusiveMinimum": 0, "maximum": 10},
+            "count": {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100},
+        },
         "required": ["age", "score", "count"],
         "additionalProperties": False,
     },
@@ -78,8 +93,9 @@ def validate(text: str, schema: dict) -> None:
 
 
 def chat(http: httpx.Client, content: str, **fields) -> dict:
-    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": content}],
-                                                "temperature": 0, **fields})
+    r = http.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": content}], "temperature": 0, **fields}
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -89,9 +105,12 @@ def test_every_schema_yields_valid_json(http):
 
     def one(item):
         name, schema = item
-        body = chat(http, ask_json(schema), max_tokens=150,
-                    response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema,
-                                                                            "strict": True}})
+        body = chat(
+            http,
+            ask_json(schema),
+            max_tokens=150,
+            response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}},
+        )
         return name, body["choices"][0]
 
     with ThreadPoolExecutor(len(SCHEMAS)) as pool:  # one batch: constrained rows side by side
@@ -105,13 +124,18 @@ def test_every_schema_yields_valid_json(http):
 def test_openai_client_response_format_and_vllm_structured_outputs(openai_client):
     schema = SCHEMAS["enum_and_number"]
     out = openai_client.chat.completions.create(
-        model=openai_client.models.list().data[0].id, max_tokens=60, temperature=0,
+        model=openai_client.models.list().data[0].id,
+        max_tokens=60,
+        temperature=0,
         messages=[{"role": "user", "content": "How do you feel about rainy days? Answer as JSON."}],
         response_format={"type": "json_schema", "json_schema": {"name": "mood", "schema": schema}},
     )
     validate(out.choices[0].message.content, schema)
     obj = openai_client.chat.completions.create(
-        model=out.model, max_tokens=80, temperature=0, response_format={"type": "json_object"},
+        model=out.model,
+        max_tokens=80,
+        temperature=0,
+        response_format={"type": "json_object"},
         messages=[{"role": "user", "content": "Describe a cat as JSON."}],
     )
     if obj.choices[0].finish_reason == "stop":
@@ -119,7 +143,10 @@ def test_openai_client_response_format_and_vllm_structured_outputs(openai_client
     else:  # length mid-structure: a JSON object that was cut off
         assert obj.choices[0].message.content.startswith("{")
     phone = openai_client.completions.create(
-        model=out.model, prompt="Call me at", max_tokens=20, temperature=0,
+        model=out.model,
+        prompt="Call me at",
+        max_tokens=20,
+        temperature=0,
         extra_body={"structured_outputs": {"regex": r" \d{3}-\d{3}-\d{4}"}},
     )
     assert re.fullmatch(r" \d{3}-\d{3}-\d{4}", phone.choices[0].text) and phone.choices[0].finish_reason == "stop"
@@ -128,10 +155,17 @@ def test_openai_client_response_format_and_vllm_structured_outputs(openai_client
 def test_streamed_completion_follows_the_schema(http):
     schema = SCHEMAS["array_bounds"]
     text, reasons = [], []
-    with http.stream("POST", "/v1/completions", json={
-        "prompt": "A JSON list of colors: ", "max_tokens": 80, "temperature": 0, "stream": True,
-        "structured_outputs": {"json": schema},
-    }) as r:
+    with http.stream(
+        "POST",
+        "/v1/completions",
+        json={
+            "prompt": "A JSON list of colors: ",
+            "max_tokens": 80,
+            "temperature": 0,
+            "stream": True,
+            "structured_outputs": {"json": schema},
+        },
+    ) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -142,13 +176,18 @@ def test_streamed_completion_follows_the_schema(http):
     validate("".join(text), schema)
 
 
-@pytest.mark.parametrize("constraint,check", [
-    ({"choice": ["positive", "negative", "neutral"]}, lambda t: t in ("positive", "negative", "neutral")),
-    ({"regex": WEIGHT}, lambda t: re.fullmatch(WEIGHT, t)),
-    ({"grammar": 'start: "The answer is " ANSWER "."\nANSWER: "yes" | "no"'}, lambda t: t in ("The answer is yes.",
-                                                                                            "The answer is no.")),
-    ({"grammar": 'root ::= ("red" | "green") " " [0-9]'}, lambda t: re.fullmatch(r"(red|green) \d", t)),
-])
+@pytest.mark.parametrize(
+    "constraint,check",
+    [
+        ({"choice": ["positive", "negative", "neutral"]}, lambda t: t in ("positive", "negative", "neutral")),
+        ({"regex": WEIGHT}, lambda t: re.fullmatch(WEIGHT, t)),
+        (
+            {"grammar": 'start: "The answer is " ANSWER "."\nANSWER: "yes" | "no"'},
+            lambda t: t in ("The answer is yes.", "The answer is no."),
+        ),
+        ({"grammar": 'root ::= ("red" | "green") " " [0-9]'}, lambda t: re.fullmatch(r"(red|green) \d", t)),
+    ],
+)
 def test_regex_choice_and_grammar_outputs_match(http, constraint, check):
     body = chat(http, "Is the sky blue? How heavy is a cat?", max_tokens=30, structured_outputs=constraint)
     choice = body["choices"][0]
@@ -157,8 +196,9 @@ def test_regex_choice_and_grammar_outputs_match(http, constraint, check):
 
 def test_n_choices_each_follow_the_schema(http):
     schema = SCHEMAS["integer_bounds"]
-    body = chat(http, ask_json(schema), max_tokens=60, n=3, temperature=1.0, seed=7,
-                structured_outputs={"json": schema})
+    body = chat(
+        http, ask_json(schema), max_tokens=60, n=3, temperature=1.0, seed=7, structured_outputs={"json": schema}
+    )
     assert len(body["choices"]) == 3
     for choice in body["choices"]:
         assert choice["finish_reason"] == "stop", choice
@@ -192,8 +232,9 @@ def test_max_tokens_mid_structure_is_length(http):
 
 def test_logprobs_are_those_of_the_masked_distribution(http):
     choices = ["yes", "no"]
-    body = chat(http, "Is water wet?", max_tokens=5, logprobs=True, top_logprobs=5,
-                structured_outputs={"choice": choices})
+    body = chat(
+        http, "Is water wet?", max_tokens=5, logprobs=True, top_logprobs=5, structured_outputs={"choice": choices}
+    )
     content = body["choices"][0]["logprobs"]["content"]
     assert "".join(t["token"] for t in content) in choices
     first = content[0]
@@ -202,20 +243,30 @@ def test_logprobs_are_those_of_the_masked_distribution(http):
     assert math.isclose(sum(math.exp(t["logprob"]) for t in first["top_logprobs"]), 1.0, rel_tol=1e-3)
 
 
-@pytest.mark.parametrize("fields,param", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
-     "response_format.json_schema.schema"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema"),
-    ({"response_format": {"type": "yaml"}}, "response_format.type"),
-    ({"structured_outputs": {"json": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}}},
-     "structured_outputs.json"),
-    ({"structured_outputs": {"json": {"$ref": "#/definitions/missing"}}}, "structured_outputs.json"),
-    ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex"),
-    ({"structured_outputs": {"grammar": "start: ((("}}, "structured_outputs.grammar"),
-    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
-    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs"),
-    ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}, "structured_outputs"),
-])
+@pytest.mark.parametrize(
+    "fields,param",
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format.json_schema.schema",
+        ),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
+        (
+            {"structured_outputs": {"json": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}}},
+            "structured_outputs.json",
+        ),
+        ({"structured_outputs": {"json": {"$ref": "#/definitions/missing"}}}, "structured_outputs.json"),
+        ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex"),
+        ({"structured_outputs": {"grammar": "start: ((("}}, "structured_outputs.grammar"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+        ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}, "structured_outputs"),
+    ],
+)
 def test_invalid_constraints_are_400_naming_the_field(http, fields, param):
     r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], **fields})
     assert r.status_code == 400, r.text

@@ -43,7 +43,10 @@ TARGETS = [pytest.param(("cpu", isa), id=f"cpu-{isa}") for isa in _core.supporte
     pytest.param(
         ("cuda", None),
         id="cuda",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU and trillium._cuda")],
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU and trillium._cuda"),
+        ],
     )
 ]
 
@@ -99,13 +102,13 @@ class Case:
 
 def _shape(rng: random.Random, block_size: int | None = None) -> dict:
     group = rng.choice(GQA_RATIOS)
-    return dict(
-        block_size=block_size or rng.choice([16, 32]),
-        head_dim=rng.choice([64, 128]),
-        num_kv_heads=rng.choice([1, 2]) if group > 1 else rng.choice([1, 2, 4]),
-        group=group,
-        strided_query=rng.random() < 0.5,
-    )
+    return {
+        "block_size": block_size or rng.choice([16, 32]),
+        "head_dim": rng.choice([64, 128]),
+        "num_kv_heads": rng.choice([1, 2]) if group > 1 else rng.choice([1, 2, 4]),
+        "group": group,
+        "strided_query": rng.random() < 0.5,
+    }
 
 
 def sample_decode(rng: random.Random) -> Case:
@@ -210,8 +213,14 @@ def test_edges(target, block_size) -> None:
     for group in (1, 8):
         decode = Case([(c - 1, 1) for c in lens], block_size, 64, 2, group, strided_query=True)
         _check(decode, torch.float32, target, rng.randrange(2**32))
-        extend = Case([(0, 1), (0, block_size), (block_size, block_size + 1), (1, 33), (40, 1)], block_size, 128, 1,
-                      group, strided_query=False)
+        extend = Case(
+            [(0, 1), (0, block_size), (block_size, block_size + 1), (1, 33), (40, 1)],
+            block_size,
+            128,
+            1,
+            group,
+            strided_query=False,
+        )
         _check(extend, torch.float32, target, rng.randrange(2**32))
 
 
@@ -282,7 +291,9 @@ def test_paged_attention_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="dtype"):
         attention.paged_attention(query.half(), k_cache.half(), k_cache.half(), meta, 0.125)
     with pytest.raises(ValueError, match="multiple of 16"):
-        attention.paged_attention(torch.zeros(1, 6, 24), torch.zeros(3, 16, 2, 24), torch.zeros(3, 16, 2, 24), meta, 0.1)
+        attention.paged_attention(
+            torch.zeros(1, 6, 24), torch.zeros(3, 16, 2, 24), torch.zeros(3, 16, 2, 24), meta, 0.1
+        )
     with pytest.raises(ValueError, match="pools"):
         attention.paged_attention(query, k_cache, k_cache.transpose(2, 3), meta, 0.125)
     with pytest.raises(ValueError, match="contiguous last dimension"):

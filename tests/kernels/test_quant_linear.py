@@ -16,7 +16,13 @@ from gguf.quants import dequantize, quantize
 
 from trillium import _core
 from trillium.models.gguf_quant import block_codes_from_raw
-from trillium.ops.quant_linear import QuantWeight, dequantize_blocks, quant_linear, reference_quant_linear
+from trillium.ops.quant_linear import (
+    BoundQuantLinear,
+    QuantWeight,
+    dequantize_blocks,
+    quant_linear,
+    reference_quant_linear,
+)
 
 ISAS = _core.supported_kernel_isas()
 
@@ -104,7 +110,9 @@ def test_strided_rows_out_buffer_and_leading_dims():
     x = wide[:, 10:74]  # row stride 100, not contiguous
     out = torch.full((6, 24), float("nan"))
     quant_linear(x, weight, out=out, int8_activations=True)
-    torch.testing.assert_close(out.double(), reference_quant_linear(x.contiguous(), codes, scale, mins), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        out.double(), reference_quant_linear(x.contiguous(), codes, scale, mins), rtol=1e-5, atol=1e-4
+    )
     batched = quant_linear(x.reshape(2, 3, 64), weight, int8_activations=True)
     assert batched.shape == (2, 3, 24)
     torch.testing.assert_close(batched.reshape(6, 24), out)
@@ -127,6 +135,28 @@ def test_bad_input_is_rejected():
         quant_linear(torch.randn(2, 64), weight)
     with pytest.raises(ValueError, match="fp32"):
         quant_linear(torch.randn(2, 32, dtype=torch.bfloat16), weight)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_bound_op_equals_the_function(int8):
+    """BoundQuantLinear (arguments resolved once) gives quant_linear's exact bits, on its short path
+    (contiguous [T, K]) and on the checked one (strided rows, leading dims); checks stay in place."""
+    gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
+    codes, scale, mins = random_weight(24, 64, 4, gen)
+    weight = QuantWeight.pack(codes, scale, mins, 4)
+    bias = torch.randn(24, generator=gen)
+    op = BoundQuantLinear(weight, bias, int8_activations=int8)
+    x = torch.randn(5, 64, generator=gen)
+    assert torch.equal(op(x), quant_linear(x, weight, bias, int8_activations=int8))
+    strided = torch.randn(5, 100, generator=gen)[:, 3:67]
+    assert torch.equal(op(strided), quant_linear(strided.contiguous(), weight, bias, int8_activations=int8))
+    assert op(x.view(5, 1, 64)).shape == (5, 1, 24)
+    with pytest.raises(ValueError, match="features"):
+        op(torch.randn(2, 32))
+    with pytest.raises(ValueError, match="fp32"):
+        op(x.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="bias"):
+        BoundQuantLinear(weight, torch.zeros(23))
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0], ids=lambda t: t.name)

@@ -19,8 +19,16 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available() and _cuda.device_count() > 0
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not _cuda_available(), reason="needs a CUDA GPU and trillium._cuda")])]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU and trillium._cuda"),
+        ],
+    ),
+]
 
 
 def reference(logits: torch.Tensor, bitmask: torch.Tensor, mask_rows: list[int]) -> torch.Tensor:
@@ -64,8 +72,9 @@ def test_matches_reference(device, dtype):
         expected = reference(logits.float(), bitmask, mask_rows)
         got = logits.to(device)
         apply_token_bitmask(got, bitmask.to(device), torch.tensor(mask_rows, dtype=torch.int32, device=device))
-        torch.testing.assert_close(got.cpu().float(), expected.to(dtype).float(), rtol=0, atol=0,
-                                   msg=lambda m: f"seed {seed}: {m}")
+        torch.testing.assert_close(
+            got.cpu().float(), expected.to(dtype).float(), rtol=0, atol=0, msg=lambda m: f"seed {seed}: {m}"
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)

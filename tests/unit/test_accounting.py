@@ -61,13 +61,17 @@ class Fanout:
 
     def usage(self) -> dict:
         c = sum(s.num_completion_tokens for s in self.streams)
-        return {"prompt_tokens": 7, "completion_tokens": c, "total_tokens": 7 + c,
-                "prompt_tokens_details": {"cached_tokens": 0}}
+        return {
+            "prompt_tokens": 7,
+            "completion_tokens": c,
+            "total_tokens": 7 + c,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
 
 
 @pytest.fixture
 def accounting():
-    return Accounting("m", Metrics("m", lambda: {}), None, Sink())
+    return Accounting("m", Metrics("m", dict), None, Sink())
 
 
 REQUEST = types.SimpleNamespace(headers={})

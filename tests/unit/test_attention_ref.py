@@ -28,7 +28,7 @@ BATCHES = {
     "decode": [(0, 1), (15, 1), (16, 1), (40, 1), (70, 1)],
     "mixed": [(12, 1), (0, 20), (33, 1), (17, 17), (5, 1)],
 }
-TOLERANCE = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+TOLERANCE = {torch.float32: {"rtol": 1e-4, "atol": 1e-5}, torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2}}
 
 
 def _block_tables(context_lens: list[int], block_size: int, rng: random.Random) -> list[list[int]]:

@@ -55,8 +55,9 @@ def _violations() -> list[str]:
                 continue
             assert imported in LAYER_OF, f"{rel}:{line}: imports unknown unit {imported!r}"
             if LAYER_OF[imported] >= LAYER_OF[unit]:
-                out.append(f"{rel}:{line}: {unit} (layer {LAYER_OF[unit]}) imports {imported} "
-                           f"(layer {LAYER_OF[imported]})")
+                out.append(
+                    f"{rel}:{line}: {unit} (layer {LAYER_OF[unit]}) imports {imported} (layer {LAYER_OF[imported]})"
+                )
     return out
 
 
@@ -66,6 +67,7 @@ def test_no_module_imports_from_its_layer_or_above():
 
 def test_the_checker_sees_an_upward_import():
     """The check itself: a runtime module importing the server would be reported."""
-    tree = ast.parse("from trillium.server.app import build_app\nimport trillium.scheduler.actor\n"
-                     "from trillium import launch\n")
+    tree = ast.parse(
+        "from trillium.server.app import build_app\nimport trillium.scheduler.actor\nfrom trillium import launch\n"
+    )
     assert [u for _, u in _imported_units(tree)] == ["server", "scheduler", "launch"]

@@ -93,15 +93,15 @@ def test_gguf_weights_equal_hf_dequantized(hf_reference_dir) -> None:  # noqa: F
     torch.testing.assert_close(k, hf_k, rtol=0, atol=1e-6)
 
 
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-    max_position_embeddings=128,
-)
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+}
 
 
 def _tiny_hf_model(kind: str):
@@ -111,8 +111,13 @@ def _tiny_hf_model(kind: str):
     if kind == "llama":
         return LlamaForCausalLM(LlamaConfig(**TINY))
     if kind == "llama_rope_scaled_tied":
-        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 32}
+        rope = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        }
         return LlamaForCausalLM(LlamaConfig(**TINY, rope_scaling=rope, tie_word_embeddings=True))
     return Qwen2ForCausalLM(Qwen2Config(**TINY, tie_word_embeddings=True))
 
@@ -150,5 +155,5 @@ def test_missing_path_and_bad_extension(tmp_path) -> None:
         load_model(str(tmp_path / "nope.gguf"))
     bogus = tmp_path / "weights.bin"
     bogus.write_bytes(b"\0")
-    with pytest.raises(ValueError, match="weights.bin"):
+    with pytest.raises(ValueError, match=r"weights\.bin"):
         load_model(str(bogus))

@@ -17,8 +17,17 @@ from trillium.runtime import Actor, Supervisor
 
 
 def record(i: int, tenant: str = "acme", completion: int = 3) -> UsageRecord:
-    return UsageRecord(request_id=f"cmpl-{i}", tenant=tenant, model="m", endpoint="chat", created=1000.0 + i,
-                       prompt_tokens=10, completion_tokens=completion, e2e=0.25, finish_reason="stop")
+    return UsageRecord(
+        request_id=f"cmpl-{i}",
+        tenant=tenant,
+        model="m",
+        endpoint="chat",
+        created=1000.0 + i,
+        prompt_tokens=10,
+        completion_tokens=completion,
+        e2e=0.25,
+        finish_reason="stop",
+    )
 
 
 def ledger_totals(path: str) -> dict:

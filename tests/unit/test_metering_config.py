@@ -30,18 +30,21 @@ def load(tmp_path, text: str):
 
 
 def test_valid_config(tmp_path):
-    config = load(tmp_path, f"""
+    config = load(
+        tmp_path,
+        f"""
 [ledger]
 path = "data/usage.sqlite"
 [admin]
-keys = ["{hash_key('sk-admin')}"]
+keys = ["{hash_key("sk-admin")}"]
 [tenants.acme]
-keys = ["{H1}", "{H2.removeprefix('sha256:').upper()}"]
+keys = ["{H1}", "{H2.removeprefix("sha256:").upper()}"]
 requests_per_minute = 10
 max_tokens_per_request = 512
 [tenants.globex]
-keys = ["  {hash_key('sk-three')}  "]
-""")
+keys = ["  {hash_key("sk-three")}  "]
+""",
+    )
     digest = hashlib.sha256(b"sk-one").hexdigest()
     assert config.key_hashes[digest] == "acme"
     assert config.key_hashes[hashlib.sha256(b"sk-two").hexdigest()] == "acme"  # bare, upper-case hex works
@@ -61,19 +64,24 @@ def test_default_ledger_path_and_no_admin(tmp_path):
 
 def test_example_config_loads_and_its_demo_keys_match():
     config = load_access_config(str(ROOT / "examples" / "trillium.toml"))
-    owners = {name: config.key_hashes.get(hashlib.sha256(f"sk-example-{name}".encode()).hexdigest())
-              for name in ("acme", "globex")}
+    owners = {
+        name: config.key_hashes.get(hashlib.sha256(f"sk-example-{name}".encode()).hexdigest())
+        for name in ("acme", "globex")
+    }
     assert owners == {"acme": "acme", "globex": "globex"}
     assert hashlib.sha256(b"sk-example-admin").hexdigest() in config.admin_key_hashes
 
 
-@pytest.mark.parametrize("text, where", [
-    # A key instead of its hash: refused, so that no secret sits in the file.
-    ('[tenants.acme]\nkeys = ["sk-one"]\n', "tenants.acme.keys[0]"),
-    (f'[tenants.acme]\nkeys = ["{H1}", "sha256:abc"]\n', "tenants.acme.keys[1]"),
-    ('[admin]\nkeys = ["sk-admin"]\n[tenants.acme]\nkeys = ["' + H1 + '"]\n', "admin.keys[0]"),
-    ('[tenants.acme]\nkeys = [1]\n', "tenants.acme.keys[0]"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        # A key instead of its hash: refused, so that no secret sits in the file.
+        ('[tenants.acme]\nkeys = ["sk-one"]\n', "tenants.acme.keys[0]"),
+        (f'[tenants.acme]\nkeys = ["{H1}", "sha256:abc"]\n', "tenants.acme.keys[1]"),
+        ('[admin]\nkeys = ["sk-admin"]\n[tenants.acme]\nkeys = ["' + H1 + '"]\n', "admin.keys[0]"),
+        ("[tenants.acme]\nkeys = [1]\n", "tenants.acme.keys[0]"),
+    ],
+)
 def test_plain_key_instead_of_hash(tmp_path, text, where):
     with pytest.raises(ConfigError, match=re.escape(where)) as info:
         load(tmp_path, text)
@@ -90,36 +98,46 @@ def test_duplicate_key_names_both_owners(tmp_path):
         load(tmp_path, f'[tenants.acme]\nkeys = ["{H1}", "{H1.removeprefix("sha256:")}"]\n')
 
 
-@pytest.mark.parametrize("text, message", [
-    (f'[tenants.acme]\nkeys = ["{H1}"]\n[tenants.globex]\nkeys = ["{H2}"]\nrequests_per_minut = 5\n',
-     "unknown field `requests_per_minut` - at `tenants.globex`"),
-    (f'[tenants.acme]\nkeys = ["{H1}"]\n[admin]\nkey = ["{H2}"]\n', "unknown field `key` - at `admin`"),
-    (f'[tenants.acme]\nkeys = ["{H1}"]\n[ledger]\nfile = "x.sqlite"\n', "unknown field `file` - at `ledger`"),
-    (f'[tenants.acme]\nkeys = ["{H1}"]\n[limits]\nrpm = 1\n', "unknown field `limits`"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            f'[tenants.acme]\nkeys = ["{H1}"]\n[tenants.globex]\nkeys = ["{H2}"]\nrequests_per_minut = 5\n',
+            "unknown field `requests_per_minut` - at `tenants.globex`",
+        ),
+        (f'[tenants.acme]\nkeys = ["{H1}"]\n[admin]\nkey = ["{H2}"]\n', "unknown field `key` - at `admin`"),
+        (f'[tenants.acme]\nkeys = ["{H1}"]\n[ledger]\nfile = "x.sqlite"\n', "unknown field `file` - at `ledger`"),
+        (f'[tenants.acme]\nkeys = ["{H1}"]\n[limits]\nrpm = 1\n', "unknown field `limits`"),
+    ],
+)
 def test_unknown_field_is_named(tmp_path, text, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load(tmp_path, text)
 
 
-@pytest.mark.parametrize("text, message", [
-    (f'[tenants.acme]\nkeys = ["{H1}"]\nmax_concurrent_requests = 0\n',
-     r">= 1 - at `tenants\.acme\.max_concurrent_requests`"),
-    (f'[tenants.acme]\nkeys = ["{H1}"]\ntokens_per_minute = "lots"\n', r"at `tenants\.acme\.tokens_per_minute`"),
-    ('[tenants.acme]\nkeys = []\n', r"tenants\.acme\.keys must list at least one"),
-    ('[tenants.acme]\nrequests_per_minute = 5\n', r"missing required field `keys` - at `tenants\.acme`"),
-    ('tenants.acme = 3\n', r"Expected `object`, got `int` - at `tenants\.acme`"),
-    ('[ledger]\npath = "x"\n', r"missing required field `tenants`"),
-    ('[tenants]\n', r"at least one tenant"),
-    ('[tenants.acme\n', r"trillium\.toml"),  # TOML syntax error: the file is named
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            f'[tenants.acme]\nkeys = ["{H1}"]\nmax_concurrent_requests = 0\n',
+            r">= 1 - at `tenants\.acme\.max_concurrent_requests`",
+        ),
+        (f'[tenants.acme]\nkeys = ["{H1}"]\ntokens_per_minute = "lots"\n', r"at `tenants\.acme\.tokens_per_minute`"),
+        ("[tenants.acme]\nkeys = []\n", r"tenants\.acme\.keys must list at least one"),
+        ("[tenants.acme]\nrequests_per_minute = 5\n", r"missing required field `keys` - at `tenants\.acme`"),
+        ("tenants.acme = 3\n", r"Expected `object`, got `int` - at `tenants\.acme`"),
+        ('[ledger]\npath = "x"\n', r"missing required field `tenants`"),
+        ("[tenants]\n", r"at least one tenant"),
+        ("[tenants.acme\n", r"trillium\.toml"),  # TOML syntax error: the file is named
+    ],
+)
 def test_invalid_values(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
         load(tmp_path, text)
 
 
 def test_missing_file_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="nope.toml"):
+    with pytest.raises(ConfigError, match=r"nope\.toml"):
         load_access_config(str(tmp_path / "nope.toml"))
 
 

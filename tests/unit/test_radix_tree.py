@@ -180,7 +180,7 @@ def test_threads_share_the_allocator_mutex():
                 t.insert(0, tokens, m.block_ids + own)
                 t.unlock(m.handle)
                 a.free(m.block_ids + own)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in range(3)]
@@ -196,7 +196,10 @@ def test_threads_share_the_allocator_mutex():
 def test_benchmark_quick_mode_runs():
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "prefix_cache_ops.py"), "--quick"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -264,8 +267,11 @@ class RadixTreeMachine(RuleBasedStateMachine):
         kids = self._children()
         out: set = set()
         for key in sorted(self.cache, key=lambda k: -len(k[1])):
-            if (not self._locked(key) and self.alloc.ref_count(self.cache[key]) == 1
-                    and all(c in out for c in kids[key])):
+            if (
+                not self._locked(key)
+                and self.alloc.ref_count(self.cache[key]) == 1
+                and all(c in out for c in kids[key])
+            ):
                 out.add(key)
         return out
 

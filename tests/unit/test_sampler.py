@@ -166,8 +166,9 @@ def test_chi_square_detects_wrong_order():
     with pytest.raises(AssertionError):
         _chi_square(counts, _renorm(torch.softmax(LOGITS / t, -1), keep_wrong).double())
     # Same nucleus size, no temperature: the chi-square statistic rejects it.
-    correct = _renorm(torch.softmax(LOGITS / t, -1), (torch.softmax(LOGITS / t, -1).cumsum(0)
-                                                        - torch.softmax(LOGITS / t, -1)) < p)
+    correct = _renorm(
+        torch.softmax(LOGITS / t, -1), (torch.softmax(LOGITS / t, -1).cumsum(0) - torch.softmax(LOGITS / t, -1)) < p
+    )
     no_temp = _renorm(probs, correct > 0)
     stat, df = _chi_square(counts, no_temp.double())
     assert stat > CHI2_CRIT_999[df]
@@ -195,8 +196,9 @@ def test_seeded_rows_ignore_the_batch():
     for step in range(20):
         b = torch.randn(1 + step % 4, 8)
         b[0] = LOGITS
-        seq_batched.append(sample(b, [p] + [SamplingParams()] * (b.shape[0] - 1),
-                                  [g2] + [None] * (b.shape[0] - 1)).token_ids[0])
+        seq_batched.append(
+            sample(b, [p] + [SamplingParams()] * (b.shape[0] - 1), [g2] + [None] * (b.shape[0] - 1)).token_ids[0]
+        )
     assert seq_alone == seq_batched
 
 

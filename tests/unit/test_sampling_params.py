@@ -7,10 +7,23 @@ import pytest
 from trillium.protocol import SamplingParamError, SamplingParams
 
 BAD = [
-    ("max_tokens", 0), ("temperature", -0.1), ("temperature", 2.5), ("top_p", 0.0), ("top_p", 1.5),
-    ("top_k", 0), ("top_k", -2), ("min_p", 1.5), ("presence_penalty", 2.5), ("frequency_penalty", -3.0),
-    ("repetition_penalty", 0.0), ("min_tokens", -1), ("stop", ["x"] * 17), ("seed", 2**64),
-    ("seed", -(2**63) - 1), ("logprobs", 21), ("logit_bias", {5: 200.0}),
+    ("max_tokens", 0),
+    ("temperature", -0.1),
+    ("temperature", 2.5),
+    ("top_p", 0.0),
+    ("top_p", 1.5),
+    ("top_k", 0),
+    ("top_k", -2),
+    ("min_p", 1.5),
+    ("presence_penalty", 2.5),
+    ("frequency_penalty", -3.0),
+    ("repetition_penalty", 0.0),
+    ("min_tokens", -1),
+    ("stop", ["x"] * 17),
+    ("seed", 2**64),
+    ("seed", -(2**63) - 1),
+    ("logprobs", 21),
+    ("logit_bias", {5: 200.0}),
 ]
 
 
@@ -30,8 +43,18 @@ def test_min_tokens_may_not_exceed_max_tokens():
 
 
 def test_edges_are_accepted():
-    SamplingParams(temperature=0.0, top_p=1.0, top_k=-1, min_p=1.0, presence_penalty=-2.0, frequency_penalty=2.0,
-                   seed=2**64 - 1, logprobs=20, logit_bias={0: -100.0}, stop=["x"] * 16)
+    SamplingParams(
+        temperature=0.0,
+        top_p=1.0,
+        top_k=-1,
+        min_p=1.0,
+        presence_penalty=-2.0,
+        frequency_penalty=2.0,
+        seed=2**64 - 1,
+        logprobs=20,
+        logit_bias={0: -100.0},
+        stop=["x"] * 16,
+    )
     SamplingParams(seed=-(2**63))
 
 

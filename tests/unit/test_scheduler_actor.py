@@ -67,8 +67,14 @@ async def start(nursery, num_blocks=64, executor=None):
 
 def submit(send, rid, prompt_len=5, max_tokens=6):
     box = Mailbox(merge_deltas)
-    send.send_nowait(AddRequest(request_id=rid, prompt_token_ids=list(range(50, 50 + prompt_len)),
-                                sampling=SamplingParams(max_tokens=max_tokens), reply=box))
+    send.send_nowait(
+        AddRequest(
+            request_id=rid,
+            prompt_token_ids=list(range(50, 50 + prompt_len)),
+            sampling=SamplingParams(max_tokens=max_tokens),
+            reply=box,
+        )
+    )
     return box
 
 

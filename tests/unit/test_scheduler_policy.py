@@ -26,7 +26,9 @@ def idle(policy) -> bool:
 
 
 def req(rid, prompt_len, max_tokens=8, **sampling):
-    return Request(rid, list(range(100, 100 + prompt_len)), SamplingParams(max_tokens=max_tokens, **sampling), max_tokens)
+    return Request(
+        rid, list(range(100, 100 + prompt_len)), SamplingParams(max_tokens=max_tokens, **sampling), max_tokens
+    )
 
 
 def run_until_done(policy, executor, max_steps=10_000):
@@ -51,7 +53,7 @@ def expected_output(prompt_len, n):
 
 @pytest.mark.parametrize("prefix_cache", [False, True])
 def test_requests_finish_with_position_determined_tokens_and_free_all_blocks(prefix_cache):
-    policy, allocator, executor = make(prefix_cache=prefix_cache)
+    policy, _allocator, executor = make(prefix_cache=prefix_cache)
     for i, n in enumerate([3, 9, 17]):
         policy.add(req(f"r{i}", n, max_tokens=5))
     outputs, reasons = run_until_done(policy, executor)
@@ -103,7 +105,7 @@ def test_max_running_caps_the_batch():
 @pytest.mark.parametrize("prefix_cache", [False, True])
 def test_preemption_under_kv_pressure_recomputes_and_gives_identical_output(prefix_cache):
     # 12 blocks of 4 tokens; four requests that each grow to 20 tokens (5 blocks) cannot all fit.
-    policy, allocator, executor = make(num_blocks=12, prefix_cache=prefix_cache)
+    policy, _allocator, executor = make(num_blocks=12, prefix_cache=prefix_cache)
     for i in range(4):
         policy.add(req(f"r{i}", 8, max_tokens=12))
     outputs, reasons = run_until_done(policy, executor)
@@ -154,9 +156,9 @@ def test_request_larger_than_the_pool_is_refused():
 def test_prefix_cache_reuses_whole_blocks_of_a_shared_prompt():
     policy, _, executor = make(prefix_cache=True)
     shared = list(range(200, 218))  # 18 tokens: 4 full blocks + 2
-    policy.add(Request("first", shared + [1, 2], SamplingParams(max_tokens=3), 3))
+    policy.add(Request("first", [*shared, 1, 2], SamplingParams(max_tokens=3), 3))
     run_until_done(policy, executor)
-    second = Request("second", shared + [7, 8, 9], SamplingParams(max_tokens=3), 3)
+    second = Request("second", [*shared, 7, 8, 9], SamplingParams(max_tokens=3), 3)
     policy.add(second)
     plan = policy.schedule()
     (scheduled,) = plan.step_input.requests
@@ -191,11 +193,11 @@ def test_cache_namespaces_do_not_share_blocks():
 
 
 def test_cached_blocks_are_evicted_before_requests_are_refused():
-    policy, allocator, executor = make(num_blocks=10, prefix_cache=True)
+    policy, _allocator, executor = make(num_blocks=10, prefix_cache=True)
     for i in range(6):  # each leaves 4 cached blocks behind; the pool holds 10
         prompt = list(range(1000 * (i + 1), 1000 * (i + 1) + 16))
         policy.add(Request(f"r{i}", prompt, SamplingParams(max_tokens=4), 4))
-        outputs, reasons = run_until_done(policy, executor)
+        _outputs, reasons = run_until_done(policy, executor)
         assert reasons[f"r{i}"] == FinishReason.LENGTH
     assert policy.kv.tree.num_evicted_blocks > 0
     assert idle(policy)

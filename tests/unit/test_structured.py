@@ -60,6 +60,7 @@ def test_cache_is_keyed_by_content(compiler):
     reordered = dict(reversed(list(PERSON.items())))  # key order is generation order: a different grammar
     assert compiler.compile(StructuredOutputs(json=reordered)) is not a
 
+
 def test_matchers_are_independent(compiler, tok):
     grammar = compiler.compile(StructuredOutputs(json=PERSON))
     m1, m2 = grammar.new_matcher(), grammar.new_matcher()
@@ -79,18 +80,21 @@ def test_cache_evicts_least_recently_used(tok):
     assert small.cached(StructuredOutputs(regex="b+")) is None
 
 
-@pytest.mark.parametrize("constraint,message", [
-    (StructuredOutputs(json={"type": "foo"}), "Invalid type"),
-    (StructuredOutputs(json={"properties": {"a": {"$ref": "#/nope"}}}), "/nope"),
-    (StructuredOutputs(json={"not": {"type": "string"}}), "not"),  # unsupported keyword
-    (StructuredOutputs(json={"type": "string", "format": "no-such-format"}), "no-such-format"),
-    (StructuredOutputs(json="{not json"), "not valid JSON"),
-    (StructuredOutputs(json=[1, 2]), "must be an object"),
-    (StructuredOutputs(regex="a(b"), "unclosed group"),
-    (StructuredOutputs(grammar="start: (("), "grammar"),
-    (StructuredOutputs(choice=[]), "non-empty"),
-    (StructuredOutputs(regex="a", choice=["a"]), "exactly one"),
-])
+@pytest.mark.parametrize(
+    "constraint,message",
+    [
+        (StructuredOutputs(json={"type": "foo"}), "Invalid type"),
+        (StructuredOutputs(json={"properties": {"a": {"$ref": "#/nope"}}}), "/nope"),
+        (StructuredOutputs(json={"not": {"type": "string"}}), "not"),  # unsupported keyword
+        (StructuredOutputs(json={"type": "string", "format": "no-such-format"}), "no-such-format"),
+        (StructuredOutputs(json="{not json"), "not valid JSON"),
+        (StructuredOutputs(json=[1, 2]), "must be an object"),
+        (StructuredOutputs(regex="a(b"), "unclosed group"),
+        (StructuredOutputs(grammar="start: (("), "grammar"),
+        (StructuredOutputs(choice=[]), "non-empty"),
+        (StructuredOutputs(regex="a", choice=["a"]), "exactly one"),
+    ],
+)
 def test_bad_constraints_raise_naming_the_problem(compiler, constraint, message):
     with pytest.raises(GrammarError, match=message):
         compiler.compile(constraint)
@@ -165,16 +169,28 @@ async def run_requests(tok, requests, *, prefer_eos=True, jump_forward=True):
     send, recv = open_inbox(16)
     executor = MaskingExecutor(tok.vocab_size, min(tok.eos_token_ids), prefer_eos)
     config = SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset(tok.eos_token_ids), jump_forward=jump_forward)
-    actor = SchedulerActor(config, KVBlockManager(_core.BlockAllocator(256), BLOCK), executor, recv,
-                           BitmaskFiller(8, tok.vocab_size, num_threads=1))
+    actor = SchedulerActor(
+        config,
+        KVBlockManager(_core.BlockAllocator(256), BLOCK),
+        executor,
+        recv,
+        BitmaskFiller(8, tok.vocab_size, num_threads=1),
+    )
     results = {}
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.run)
         boxes = {}
         for rid, sampling, grammar in requests:
             boxes[rid] = Mailbox(merge_deltas)
-            send.send_nowait(AddRequest(request_id=rid, prompt_token_ids=tok.encode("Answer:"), sampling=sampling,
-                                        reply=boxes[rid], grammar=grammar))
+            send.send_nowait(
+                AddRequest(
+                    request_id=rid,
+                    prompt_token_ids=tok.encode("Answer:"),
+                    sampling=sampling,
+                    reply=boxes[rid],
+                    grammar=grammar,
+                )
+            )
         for rid, box in boxes.items():
             ids, reason = [], None
             while reason is None:
@@ -222,11 +238,14 @@ async def test_jump_forward_appends_forced_tokens_and_counts_them(tok, compiler)
 async def test_constrained_and_free_requests_share_a_step(tok, compiler):
     choice = StructuredOutputs(choice=["positive", "negative"])
     grammar = compiler.compile(choice)
-    results, _, executor = await run_requests(tok, [
-        ("c0", SamplingParams(max_tokens=10, structured=choice), grammar),
-        ("free", SamplingParams(max_tokens=5, ignore_eos=True), None),
-        ("c1", SamplingParams(max_tokens=10, structured=choice), grammar),
-    ])
+    results, _, executor = await run_requests(
+        tok,
+        [
+            ("c0", SamplingParams(max_tokens=10, structured=choice), grammar),
+            ("free", SamplingParams(max_tokens=5, ignore_eos=True), None),
+            ("c1", SamplingParams(max_tokens=10, structured=choice), grammar),
+        ],
+    )
     assert tok.decode(results["c0"][0]) in ("positive", "negative")
     assert tok.decode(results["c1"][0]) in ("positive", "negative")
     assert results["free"][1] == FinishReason.LENGTH and len(results["free"][0]) == 5

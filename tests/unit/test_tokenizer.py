@@ -75,7 +75,7 @@ def test_metadata_facts(tok: Tokenizer) -> None:
     assert tok.add_bos_token is False
 
 
-@pytest.mark.parametrize("text", CORPUS + ["".join(CORPUS)])
+@pytest.mark.parametrize("text", [*CORPUS, "".join(CORPUS)])
 def test_round_trip(tok: Tokenizer, text: str) -> None:
     assert tok.decode(tok.encode(text)) == text
 

@@ -1,5 +1,5 @@
-// Internal: the 16-float pack API (see simd_portable.h) on two AVX2 registers. Included inside an
-// ISA namespace compiled with target("avx2,fma") by attention_isa_avx2.cc.
+// Internal: the 16-float pack API (see simd_portable.h) on two AVX2 registers. Included in an ISA
+// namespace within attention_isa_avx2.cc's TRILLIUM_TARGET_AVX2 region (kernels/isa_target.h).
 
 struct F16 {
   __m256 lo, hi;

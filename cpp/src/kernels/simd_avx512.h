@@ -1,5 +1,5 @@
-// Internal: the 16-float pack API (see simd_portable.h) on one AVX-512 register. Included inside an
-// ISA namespace compiled with target("avx512f,avx512bw,avx512vl,avx2,fma") by attention_isa_avx512.cc.
+// Internal: the 16-float pack API (see simd_portable.h) on one AVX-512 register. Included in an ISA
+// namespace within attention_isa_avx512.cc's TRILLIUM_TARGET_AVX512 region (kernels/isa_target.h).
 
 struct F16 {
   __m512 v;

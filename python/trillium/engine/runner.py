@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from trillium.engine.sampler import sample
-from trillium.models import ModelConfig
+from trillium.engine.sampler import TopLogprobs, sample
+from trillium.models import LlamaForCausalLM, ModelConfig
 from trillium.ops.attention import AttentionMetadata
-from trillium.protocol import StepInput, StepOutput
+from trillium.protocol import ScheduledRequest, StepInput, StepOutput
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -25,7 +25,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: LlamaForCausalLM,
         config: ModelConfig,
         *,
         num_blocks: int,
@@ -70,7 +70,7 @@ class ModelRunner:
 
         sample_rows = [i for i, r in enumerate(requests) if r.sample]
         sampled = [-1] * len(requests)
-        logprobs = None
+        logprobs: list[TopLogprobs | None] | None = None
         if sample_rows:
             ends = meta.query_start_loc[1:] - 1  # [R] last new token of each request
             last = ends[torch.tensor(sample_rows, dtype=torch.long)]
@@ -92,7 +92,7 @@ class ModelRunner:
                     logprobs[i] = lp
         return StepOutput(sampled, logprobs)
 
-    def _generator(self, request) -> torch.Generator | None:
+    def _generator(self, request: ScheduledRequest) -> torch.Generator | None:
         """A per-request generator for seeded requests, so their samples ignore the batch."""
         seed = request.sampling.seed
         if seed is None or request.sampling.temperature == 0.0:
@@ -104,7 +104,7 @@ class ModelRunner:
         return gen
 
 
-def _history(request) -> tuple[list[int], list[int]] | None:
+def _history(request: ScheduledRequest) -> tuple[list[int], list[int]] | None:
     if request.prompt_token_ids is None:
         return None
     return request.prompt_token_ids, request.output_token_ids or []

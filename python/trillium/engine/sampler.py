@@ -24,6 +24,8 @@ import torch
 from trillium.protocol import SamplingParams
 
 TopLogprobs = tuple[float, list[tuple[int, float]]]  # (chosen logprob, [(token id, logprob)])
+# (rows that asked, their log-softmax [L, V], top ids, top values, each row's k): see _logprobs.
+_RowLogprobs = tuple[list[int], torch.Tensor, list[list[int]], list[list[float]], list[int]]
 
 
 @dataclasses.dataclass
@@ -59,8 +61,12 @@ def sample(
     sub = logits.index_select(0, rows)  # [R, V]
     temperature = torch.tensor([params[i].temperature for i in random_rows], dtype=sub.dtype)
     sub = sub / temperature.unsqueeze(1)
-    sub = truncate(sub, [params[i].top_k for i in random_rows], [params[i].top_p for i in random_rows],
-                   [params[i].min_p for i in random_rows])
+    sub = truncate(
+        sub,
+        [params[i].top_k for i in random_rows],
+        [params[i].top_p for i in random_rows],
+        [params[i].min_p for i in random_rows],
+    )
     probs = torch.softmax(sub, dim=-1)  # [R, V]
     chosen = _inverse_cdf(probs, [generators[i] for i in random_rows])  # [R]
 
@@ -102,12 +108,14 @@ def apply_logit_bias(logits: torch.Tensor, biases: list[dict[int, float]]) -> No
             cols.append(int(token_id))
             vals.append(float(value))
     if rows:
-        logits.index_put_((torch.tensor(rows), torch.tensor(cols)), torch.tensor(vals, dtype=logits.dtype),
-                          accumulate=True)
+        logits.index_put_(
+            (torch.tensor(rows), torch.tensor(cols)), torch.tensor(vals, dtype=logits.dtype), accumulate=True
+        )
 
 
-def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
-                    histories: list[tuple[list[int], list[int]] | None]) -> None:
+def apply_penalties(
+    logits: torch.Tensor, params: list[SamplingParams], histories: list[tuple[list[int], list[int]] | None]
+) -> None:
     """Repetition (prompt + output), then frequency and presence (output only), in place.
 
     repetition: ``l / r`` where ``l > 0`` else ``l * r``; frequency: ``l - f * count``;
@@ -139,8 +147,9 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
 CANDIDATES = 256
 
 
-def truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float],
-             min_p: list[float] | None = None) -> torch.Tensor:
+def truncate(
+    logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float] | None = None
+) -> torch.Tensor:
     """Mask (to -inf) everything outside each row's top-k, then its top-p nucleus (of the
     top-k renormalized), and every token whose probability is below ``min_p * p_max``.
 
@@ -149,7 +158,7 @@ def truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float],
     token is then outside the nucleus), or the least of them is already below its min_p
     threshold. Other rows (a flat distribution under a high top_p) take the full sort."""
     min_p = min_p if min_p is not None else [0.0] * len(top_k)
-    num_rows, vocab = logits.shape
+    vocab = logits.shape[1]
     if vocab <= CANDIDATES:
         return _truncate_sorted(logits, top_k, top_p, min_p)
     k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k])  # [R]
@@ -172,9 +181,12 @@ def truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float],
     full_probs = torch.exp(cand - full.unsqueeze(1))  # min_p is relative to the most likely token
     threshold = m.unsqueeze(1) * full_probs[:, :1]
     mask |= full_probs < threshold
-    exact = (k_inside | untouched
-             | (k_none & use_p & (probs.sum(dim=-1) >= p))  # the nucleus ends among the candidates
-             | ((k_none | ~use_p) & (m > 0.0) & (full_probs[:, -1] < threshold.squeeze(1))))  # min_p cuts there
+    exact = (
+        k_inside
+        | untouched
+        | (k_none & use_p & (probs.sum(dim=-1) >= p))  # the nucleus ends among the candidates
+        | ((k_none | ~use_p) & (m > 0.0) & (full_probs[:, -1] < threshold.squeeze(1)))
+    )  # min_p cuts there
     out = torch.full_like(logits, float("-inf")).scatter_(1, ids, cand.masked_fill(mask, float("-inf")))
     if bool(untouched.any()):
         rows = untouched.nonzero().squeeze(1)
@@ -182,13 +194,13 @@ def truncate(logits: torch.Tensor, top_k: list[int], top_p: list[float],
     if not bool(exact.all()):
         rows = (~exact).nonzero().squeeze(1)
         sub = rows.tolist()
-        out[rows] = _truncate_sorted(logits[rows], [top_k[i] for i in sub], [top_p[i] for i in sub],
-                                     [min_p[i] for i in sub])
+        out[rows] = _truncate_sorted(
+            logits[rows], [top_k[i] for i in sub], [top_p[i] for i in sub], [min_p[i] for i in sub]
+        )
     return out
 
 
-def _truncate_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float],
-                     min_p: list[float]) -> torch.Tensor:
+def _truncate_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]) -> torch.Tensor:
     """:func:`truncate` by a full sort of each row (the reference, and the fallback)."""
     use_k = any(k > 0 for k in top_k)
     use_p = any(p < 1.0 for p in top_p)
@@ -217,18 +229,22 @@ def _truncate_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float],
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
-def _logprobs(logits: torch.Tensor, params: list[SamplingParams]):
-    """(log-softmax rows, top ids, top values) for rows that asked, or None."""
-    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
-    if not rows:
+def _logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> _RowLogprobs | None:
+    """(rows that asked, their log-softmax, top ids, top values, each row's k), or None."""
+    asked = [(i, p.logprobs) for i, p in enumerate(params) if p.logprobs is not None]
+    if not asked:
         return None
+    rows = [i for i, _ in asked]
+    ks = [k for _, k in asked]
     logp = torch.log_softmax(logits.index_select(0, torch.tensor(rows)), dim=-1)  # [L, V]
-    k = max(params[i].logprobs for i in rows)
+    k = max(ks)
     top_vals, top_ids = logp.topk(k, dim=-1) if k > 0 else (logp[:, :0], logp[:, :0].long())
-    return rows, logp, top_ids.tolist(), top_vals.tolist(), [params[i].logprobs for i in rows]
+    return rows, logp, top_ids.tolist(), top_vals.tolist(), ks
 
 
-def _with_chosen(lp, logits: torch.Tensor, chosen: torch.Tensor) -> list[TopLogprobs | None] | None:
+def _with_chosen(
+    lp: _RowLogprobs | None, logits: torch.Tensor, chosen: torch.Tensor
+) -> list[TopLogprobs | None] | None:
     if lp is None:
         return None
     rows, logp, top_ids, top_vals, ks = lp

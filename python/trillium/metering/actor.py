@@ -76,8 +76,12 @@ class MeteringActor(Sink):
 
     name = "metering"
 
-    def __init__(self, ledger_path: str | None, request_log: Callable[[list[UsageRecord]], None] | None = None,
-                 bound: int = METERING_INBOX_BOUND) -> None:
+    def __init__(
+        self,
+        ledger_path: str | None,
+        request_log: Callable[[list[UsageRecord]], None] | None = None,
+        bound: int = METERING_INBOX_BOUND,
+    ) -> None:
         self.ledger_path = ledger_path
         self.request_log = request_log
         send, self._inbox = open_inbox(bound)
@@ -164,8 +168,9 @@ class MeteringActor(Sink):
             result = "no usage ledger is configured"
         else:
             try:
-                result = await trio.to_thread.run_sync(self._ledger.totals, query.since, query.until, query.tenant,
-                                                       limiter=self._writer)
+                result = await trio.to_thread.run_sync(
+                    self._ledger.totals, query.since, query.until, query.tenant, limiter=self._writer
+                )
             except Exception as exc:
                 log.exception("metering: usage query failed")
                 result = f"usage query failed: {exc}"

@@ -11,12 +11,30 @@ from trillium.metering.ledger import open_readonly, totals
 from trillium.metering.tenants import hash_key, load_access_config, new_key
 from trillium.metering.timespec import parse_time
 
-_COLUMNS = ("tenant", "requests", "completed", "aborted", "failed", "rejected", "prompt_tokens", "cached_tokens",
-            "completion_tokens", "total_tokens")
+_COLUMNS = (
+    "tenant",
+    "requests",
+    "completed",
+    "aborted",
+    "failed",
+    "rejected",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "total_tokens",
+)
 
 
-def print_usage(*, ledger: str | None, config: str | None, since: str | None, until: str | None,
-                tenant: str | None, as_json: bool, out: TextIO | None = None) -> int:
+def print_usage(
+    *,
+    ledger: str | None,
+    config: str | None,
+    since: str | None,
+    until: str | None,
+    tenant: str | None,
+    as_json: bool,
+    out: TextIO | None = None,
+) -> int:
     """Print per-tenant totals on ``out`` (default: the current ``sys.stdout``); raises
     ValueError / FileNotFoundError with a message for the user."""
     out = out if out is not None else sys.stdout
@@ -39,8 +57,9 @@ def print_usage(*, ledger: str | None, config: str | None, since: str | None, un
     table = [_COLUMNS] + [tuple(str(getattr(r, c)) for c in _COLUMNS) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(_COLUMNS))]
     for row in table:
-        out.write("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                            for i, (cell, w) in enumerate(zip(row, widths))) + "\n")
+        out.write(
+            "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) + "\n"
+        )
     if not rows:
         out.write("(no requests in this range)\n")
     return 0

@@ -14,9 +14,24 @@ from trillium.protocol.usage import TenantUsage, UsageRecord
 
 SCHEMA_VERSION = 1
 
-_COLUMNS = ("request_id", "tenant", "model", "endpoint", "created", "prompt_tokens", "cached_tokens",
-            "completion_tokens", "num_choices", "queue_time", "ttft", "tpot", "e2e", "finish_reason",
-            "status", "http_status")
+_COLUMNS = (
+    "request_id",
+    "tenant",
+    "model",
+    "endpoint",
+    "created",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "num_choices",
+    "queue_time",
+    "ttft",
+    "tpot",
+    "e2e",
+    "finish_reason",
+    "status",
+    "http_status",
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
@@ -83,8 +98,9 @@ class Ledger:
             self._db.execute("BEGIN")
             self._db.executemany(_INSERT, rows)
 
-    def totals(self, since: float | None = None, until: float | None = None,
-               tenant: str | None = None) -> list[TenantUsage]:
+    def totals(
+        self, since: float | None = None, until: float | None = None, tenant: str | None = None
+    ) -> list[TenantUsage]:
         return totals(self._db, since, until, tenant)
 
     def close(self) -> None:
@@ -98,15 +114,25 @@ def open_readonly(path: str) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{os.path.abspath(path)}?mode=ro", uri=True)
 
 
-def totals(db: sqlite3.Connection, since: float | None, until: float | None,
-           tenant: str | None) -> list[TenantUsage]:
+def totals(db: sqlite3.Connection, since: float | None, until: float | None, tenant: str | None) -> list[TenantUsage]:
     """Per-tenant sums of the records finished in ``[since, until)`` (open ends when ``None``)."""
     lo = float("-inf") if since is None else since
     hi = float("inf") if until is None else until
     out = []
     for row in db.execute(_TOTALS, (lo, hi, tenant, tenant)):
         name, requests, completed, aborted, failed, rejected, prompt, cached, completion = row
-        out.append(TenantUsage(tenant=name, requests=requests, completed=completed, aborted=aborted,
-                               failed=failed, rejected=rejected, prompt_tokens=prompt, cached_tokens=cached,
-                               completion_tokens=completion, total_tokens=prompt + completion))
+        out.append(
+            TenantUsage(
+                tenant=name,
+                requests=requests,
+                completed=completed,
+                aborted=aborted,
+                failed=failed,
+                rejected=rejected,
+                prompt_tokens=prompt,
+                cached_tokens=cached,
+                completion_tokens=completion,
+                total_tokens=prompt + completion,
+            )
+        )
     return out

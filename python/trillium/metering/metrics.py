@@ -9,7 +9,7 @@ servers (or tests) in one process do not share series.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -17,20 +17,88 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from trillium.protocol.usage import REJECTED, UsageRecord
 
-if TYPE_CHECKING:
-    from trillium.engine_client import RequestStream
-
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
 # vLLM's buckets, so that dashboards built for it read ours the same way.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
-REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                   240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 # request_success_total{finished_reason}: vLLM's label values.
 FINISHED_REASONS = ("stop", "length", "abort")
+
+
+class ChoiceCounts(Protocol):
+    """What :meth:`Metrics.observe` reads of one choice (an ``engine_client.RequestStream``, a layer
+    above this one, so not imported here)."""
+
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    inter_token_seconds: list[float]
 
 
 class _SchedulerCollector:
@@ -50,8 +118,9 @@ class _SchedulerCollector:
             gauge = GaugeMetricFamily(f"trillium:{name}", doc, labels=["model_name"])
             gauge.add_metric(self._labels, float(stats.get(key, 0)))
             yield gauge
-        preemptions = CounterMetricFamily("trillium:num_preemptions", "Requests preempted (recompute).",
-                                          labels=["model_name"])
+        preemptions = CounterMetricFamily(
+            "trillium:num_preemptions", "Requests preempted (recompute).", labels=["model_name"]
+        )
         preemptions.add_metric(self._labels, float(stats.get("num_preemptions", 0)))
         yield preemptions
 
@@ -62,39 +131,74 @@ class Metrics:
     def __init__(self, model_name: str, scheduler_stats: Callable[[], dict[str, Any]]) -> None:
         self.registry = r = CollectorRegistry()
         m = [model_name]
-        self.ttft = Histogram("trillium:time_to_first_token_seconds", "Request received to first token.",
-                              ["model_name"], buckets=TTFT_BUCKETS, registry=r).labels(*m)
-        self.itl = Histogram("trillium:inter_token_latency_seconds", "Time between consecutive output tokens.",
-                             ["model_name"], buckets=ITL_BUCKETS, registry=r).labels(*m)
-        self.e2e = Histogram("trillium:e2e_request_latency_seconds", "Request received to finished.",
-                             ["model_name"], buckets=REQUEST_BUCKETS, registry=r).labels(*m)
-        self.queue = Histogram("trillium:request_queue_time_seconds", "Time waiting for the scheduler's first step.",
-                               ["model_name"], buckets=REQUEST_BUCKETS, registry=r).labels(*m)
-        self.prompt_tokens = Counter("trillium:prompt_tokens", "Prompt tokens of finished requests.",
-                                     ["model_name"], registry=r).labels(*m)
-        self.generation_tokens = Counter("trillium:generation_tokens", "Generated tokens of finished requests.",
-                                         ["model_name"], registry=r).labels(*m)
-        self.cache_queries = Counter("trillium:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                                     ["model_name"], registry=r).labels(*m)
-        self.cache_hits = Counter("trillium:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
-                                  ["model_name"], registry=r).labels(*m)
-        success = Counter("trillium:request_success", "Finished requests by finish reason.",
-                          ["model_name", "finished_reason"], registry=r)
+        self.ttft = Histogram(
+            "trillium:time_to_first_token_seconds",
+            "Request received to first token.",
+            ["model_name"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        ).labels(*m)
+        self.itl = Histogram(
+            "trillium:inter_token_latency_seconds",
+            "Time between consecutive output tokens.",
+            ["model_name"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        ).labels(*m)
+        self.e2e = Histogram(
+            "trillium:e2e_request_latency_seconds",
+            "Request received to finished.",
+            ["model_name"],
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        ).labels(*m)
+        self.queue = Histogram(
+            "trillium:request_queue_time_seconds",
+            "Time waiting for the scheduler's first step.",
+            ["model_name"],
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        ).labels(*m)
+        self.prompt_tokens = Counter(
+            "trillium:prompt_tokens", "Prompt tokens of finished requests.", ["model_name"], registry=r
+        ).labels(*m)
+        self.generation_tokens = Counter(
+            "trillium:generation_tokens", "Generated tokens of finished requests.", ["model_name"], registry=r
+        ).labels(*m)
+        self.cache_queries = Counter(
+            "trillium:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", ["model_name"], registry=r
+        ).labels(*m)
+        self.cache_hits = Counter(
+            "trillium:prefix_cache_hits", "Prompt tokens served from the prefix cache.", ["model_name"], registry=r
+        ).labels(*m)
+        success = Counter(
+            "trillium:request_success",
+            "Finished requests by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
         self.success = {reason: success.labels(model_name, reason) for reason in FINISHED_REASONS}
-        self.failure = Counter("trillium:request_failure", "Requests the engine or the handler failed.",
-                               ["model_name"], registry=r).labels(*m)
-        self.tenant_requests = Counter("trillium:tenant_requests", "Admitted requests per tenant and outcome.",
-                                       ["tenant", "status"], registry=r)
-        self.tenant_prompt_tokens = Counter("trillium:tenant_prompt_tokens", "Prompt tokens per tenant.",
-                                            ["tenant"], registry=r)
-        self.tenant_generation_tokens = Counter("trillium:tenant_generation_tokens", "Generated tokens per tenant.",
-                                                ["tenant"], registry=r)
-        self.tenant_rejected = Counter("trillium:tenant_rate_limited_requests",
-                                       "Requests refused with 429, per tenant and limit.", ["tenant", "limit"],
-                                       registry=r)
+        self.failure = Counter(
+            "trillium:request_failure", "Requests the engine or the handler failed.", ["model_name"], registry=r
+        ).labels(*m)
+        self.tenant_requests = Counter(
+            "trillium:tenant_requests", "Admitted requests per tenant and outcome.", ["tenant", "status"], registry=r
+        )
+        self.tenant_prompt_tokens = Counter(
+            "trillium:tenant_prompt_tokens", "Prompt tokens per tenant.", ["tenant"], registry=r
+        )
+        self.tenant_generation_tokens = Counter(
+            "trillium:tenant_generation_tokens", "Generated tokens per tenant.", ["tenant"], registry=r
+        )
+        self.tenant_rejected = Counter(
+            "trillium:tenant_rate_limited_requests",
+            "Requests refused with 429, per tenant and limit.",
+            ["tenant", "limit"],
+            registry=r,
+        )
         r.register(_SchedulerCollector(scheduler_stats, model_name))
 
-    def observe(self, record: UsageRecord, streams: Iterable[RequestStream]) -> None:
+    def observe(self, record: UsageRecord, streams: Iterable[ChoiceCounts]) -> None:
         """Count one finished request; ``streams`` are its choices' RequestStreams (for the
         inter-token intervals and prefix-cache counts)."""
         self.tenant_requests.labels(record.tenant, record.status).inc()

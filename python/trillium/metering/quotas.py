@@ -57,15 +57,23 @@ class TenantQuota:
         """Count a new request in flight, or raise :class:`LimitExceeded` (nothing taken)."""
         cap = self.limits.max_concurrent_requests
         if cap is not None and self.num_in_flight >= cap:
-            raise LimitExceeded("max_concurrent_requests", "requests",
-                                f"Too many concurrent requests for tenant '{self.name}': limit {cap}. "
-                                f"{_wait_text(CONCURRENCY_RETRY_AFTER)}", CONCURRENCY_RETRY_AFTER)
+            raise LimitExceeded(
+                "max_concurrent_requests",
+                "requests",
+                f"Too many concurrent requests for tenant '{self.name}': limit {cap}. "
+                f"{_wait_text(CONCURRENCY_RETRY_AFTER)}",
+                CONCURRENCY_RETRY_AFTER,
+            )
         if self.requests is not None:
             wait = self.requests.try_take(1)
             if wait:
-                raise LimitExceeded("requests_per_minute", "requests",
-                                    f"Rate limit reached for tenant '{self.name}' on requests per minute: "
-                                    f"limit {self.limits.requests_per_minute}. {_wait_text(wait)}", wait)
+                raise LimitExceeded(
+                    "requests_per_minute",
+                    "requests",
+                    f"Rate limit reached for tenant '{self.name}' on requests per minute: "
+                    f"limit {self.limits.requests_per_minute}. {_wait_text(wait)}",
+                    wait,
+                )
         self.num_in_flight += 1
 
     def default_max_tokens(self, num_prompt_tokens: int, room: int, n: int = 1) -> int:
@@ -83,17 +91,24 @@ class TenantQuota:
         total = num_prompt_tokens + num_completion_tokens
         cap = self.limits.max_tokens_per_request
         if cap is not None and total > cap:
-            raise LimitExceeded("max_tokens_per_request", "tokens",
-                                f"Request too large for tenant '{self.name}': {num_prompt_tokens} prompt + "
-                                f"{num_completion_tokens} completion tokens > max tokens per request {cap}. "
-                                "Lower max_tokens or shorten the prompt.", math.inf)
+            raise LimitExceeded(
+                "max_tokens_per_request",
+                "tokens",
+                f"Request too large for tenant '{self.name}': {num_prompt_tokens} prompt + "
+                f"{num_completion_tokens} completion tokens > max tokens per request {cap}. "
+                "Lower max_tokens or shorten the prompt.",
+                math.inf,
+            )
         if self.tokens is not None:
             wait = self.tokens.try_take(total)
             if wait:
-                raise LimitExceeded("tokens_per_minute", "tokens",
-                                    f"Rate limit reached for tenant '{self.name}' on tokens per minute: "
-                                    f"limit {self.limits.tokens_per_minute}, requested {total}. {_wait_text(wait)}",
-                                    wait)
+                raise LimitExceeded(
+                    "tokens_per_minute",
+                    "tokens",
+                    f"Rate limit reached for tenant '{self.name}' on tokens per minute: "
+                    f"limit {self.limits.tokens_per_minute}, requested {total}. {_wait_text(wait)}",
+                    wait,
+                )
         return total
 
     def finish(self, reserved: int, used: int) -> None:

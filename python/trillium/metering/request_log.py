@@ -30,8 +30,7 @@ def configure() -> None:
 def format_record(record: UsageRecord) -> str:
     """``{"event": "request", "time": ISO-8601 UTC, ...every UsageRecord field}`` on one line."""
     when = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
-    fields = {"event": "request", "time": when.isoformat(timespec="milliseconds"),
-              **msgspec.structs.asdict(record)}
+    fields = {"event": "request", "time": when.isoformat(timespec="milliseconds"), **msgspec.structs.asdict(record)}
     return msgspec.json.encode(fields).decode()
 
 

@@ -99,8 +99,9 @@ class ConfigError(ValueError):
 def parse_hash(value: str, where: str) -> str:
     match = _HASH.fullmatch(value.strip()) if isinstance(value, str) else None
     if match is None:
-        raise ConfigError(f"{where}: expected a SHA-256 key hash like 'sha256:<64 hex digits>' "
-                          "(run `trillium hash-key`), not a key")
+        raise ConfigError(
+            f"{where}: expected a SHA-256 key hash like 'sha256:<64 hex digits>' (run `trillium hash-key`), not a key"
+        )
     return match.group(1).lower()
 
 
@@ -149,9 +150,14 @@ def parse_access_config(raw: dict[str, Any], *, base_dir: str, source: str = "co
                 raise ConfigError(f"{source}: tenants.{name}.keys[{i}] is also a key of {other}")
             owners[digest] = name
         limits[name] = TenantLimits(
-            requests_per_minute=tenant.requests_per_minute, tokens_per_minute=tenant.tokens_per_minute,
+            requests_per_minute=tenant.requests_per_minute,
+            tokens_per_minute=tenant.tokens_per_minute,
             max_concurrent_requests=tenant.max_concurrent_requests,
             max_tokens_per_request=tenant.max_tokens_per_request,
         )
-    return AccessConfig(limits=limits, key_hashes=owners, admin_key_hashes=frozenset(admin),
-                        ledger_path=os.path.join(base_dir, file.ledger.path))
+    return AccessConfig(
+        limits=limits,
+        key_hashes=owners,
+        admin_key_hashes=frozenset(admin),
+        ledger_path=os.path.join(base_dir, file.ledger.path),
+    )

@@ -26,8 +26,10 @@ def parse_time(text: str, *, now: float | None = None) -> float:
     try:
         when = datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"cannot read {text!r} as a time: use a duration ago (15m, 24h, 7d), unix seconds, "
-                         "or an ISO 8601 date or date-time") from None
+        raise ValueError(
+            f"cannot read {text!r} as a time: use a duration ago (15m, 24h, 7d), unix seconds, "
+            "or an ISO 8601 date or date-time"
+        ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.timezone.utc)
     return when.timestamp()

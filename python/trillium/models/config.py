@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 # Architectures the Llama-family module implements; loaders map file-specific names onto these.
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
@@ -39,7 +40,7 @@ class ModelConfig:
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
     # Llama-3 style rope scaling as in HF config.json ({"rope_type": "llama3", "factor": ...}), or
     # None. "linear" and "llama3" are implemented; anything else is rejected by validate().
-    rope_scaling: dict | None = field(default=None)
+    rope_scaling: dict[str, Any] | None = field(default=None)
 
     def validate(self) -> None:
         """Raise ValueError naming the first unsupported or inconsistent field."""

@@ -57,7 +57,7 @@ class GGUFFile:
 
         self.path = path
         self._map = np.memmap(path, dtype=np.uint8, mode="r")
-        buf = memoryview(self._map)
+        buf = memoryview(self._map)  # type: ignore[arg-type]  # numpy's memmap is a buffer; its stub says not
         if bytes(buf[:4]) != b"GGUF":
             raise ValueError(f"{path} is not a GGUF file (bad magic)")
         version, num_tensors, num_kv = struct.unpack_from("<IQQ", buf, 4)
@@ -93,7 +93,7 @@ class GGUFFile:
         rows = int(np.prod(tensor.dims[:-1])) if len(tensor.dims) > 1 else 1
         return data.reshape(*tensor.dims[:-1], tensor.nbytes // rows)
 
-    def _unpack(self, fmt: str) -> tuple:
+    def _unpack(self, fmt: str) -> tuple[Any, ...]:
         values = struct.unpack_from(fmt, self._buf, self._pos)
         self._pos += struct.calcsize(fmt)
         return values

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,7 +56,7 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
     if arch not in _ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(_ARCHITECTURES)}")
 
-    def get(key: str, default=None):
+    def get(key: str, default: Any = None) -> Any:
         value = md.get(f"{arch}.{key}", default)
         if value is None:
             raise ValueError(f"{gguf.path}: metadata key {arch}.{key} is missing")
@@ -183,9 +184,12 @@ def load_gguf_model(
     freqs = next((t for t in gguf.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
         # Llama-3.1-style files carry per-frequency divisors instead of rope-scaling metadata.
+        from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        factors = torch.from_numpy(dequantize(gguf.raw(freqs), freqs.qtype).reshape(-1).copy())  # [D/2]
+        factors = torch.from_numpy(
+            dequantize(gguf.raw(freqs), GGMLQuantizationType(freqs.qtype)).reshape(-1).copy()
+        )  # [D/2]
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         model.rotary.build(inv_freq=inv_freq / factors, device=device)
     return model.eval(), config

@@ -12,6 +12,8 @@ Other types (Q5_*, K-quants, F16, ...) return None here and stay on the dense pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as QT
@@ -51,7 +53,7 @@ def block_codes_from_raw(raw: np.ndarray, qtype: int, n: int, k: int) -> BlockCo
     return codes, d, m, 4
 
 
-def _rows(block_codes: BlockCodes, fn) -> BlockCodes:
+def _rows(block_codes: BlockCodes, fn: Callable[[np.ndarray], np.ndarray]) -> BlockCodes:
     codes, scale, mins, bits = block_codes
     return fn(codes), fn(scale), fn(mins), bits
 
@@ -60,14 +62,19 @@ def _cat(parts: list[BlockCodes]) -> BlockCodes:
     bits = {p[3] for p in parts}
     if len(bits) != 1:
         raise ValueError("fused projections must share one quantization type")
-    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-            np.concatenate([p[2] for p in parts]), bits.pop())
+    return (
+        np.concatenate([p[0] for p in parts]),
+        np.concatenate([p[1] for p in parts]),
+        np.concatenate([p[2] for p in parts]),
+        bits.pop(),
+    )
 
 
 def _pack(block_codes: BlockCodes) -> QuantWeight:
     codes, scale, mins, bits = block_codes
-    return QuantWeight.pack(torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(scale),
-                            torch.from_numpy(mins), bits)
+    return QuantWeight.pack(
+        torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(scale), torch.from_numpy(mins), bits
+    )
 
 
 def read_quant_weights(gguf: GGUFFile, config: ModelConfig, permuted: bool) -> dict[str, QuantWeight] | None:
@@ -87,9 +94,12 @@ def read_quant_weights(gguf: GGUFFile, config: ModelConfig, permuted: bool) -> d
 
     out: dict[str, QuantWeight] = {}
     for i in range(config.num_layers):
-        parts = {kind: codes(f"blk.{i}.{kind}.weight") for kind in
-                 ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
-        if any(p is None for p in parts.values()):
+        found = {
+            kind: codes(f"blk.{i}.{kind}.weight")
+            for kind in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+        }
+        parts = {kind: p for kind, p in found.items() if p is not None}
+        if len(parts) < len(found):
             return None
         q, k = parts["attn_q"], parts["attn_k"]
         if permuted:

@@ -84,7 +84,7 @@ def iter_weights(path: str, dtype: torch.dtype, progress: bool, desc: str) -> It
 
     shards = _shards(path)
     handles = [safe_open(f, framework="pt") for f in shards]
-    keys = [(h, k) for h in handles for k in h.keys()]
+    keys = [(h, k) for h in handles for k in h.keys()]  # type: ignore[no-untyped-call]  # noqa: SIM118  # safe_open is not iterable; untyped
     for handle, key in tqdm(keys, desc=desc, unit="tensor", file=sys.stderr, disable=not progress):
         yield key, handle.get_tensor(key).to(dtype)
 

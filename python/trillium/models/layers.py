@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -19,7 +19,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``norm(x)`` -- or, with ``residual``, ``(norm(x + residual), x + residual)``: the residual
         add of the decoder layer folded in (the sum is written into ``residual`` on the fused path)."""
         if fused_ok(x) and self.weight.dtype == torch.float32:
@@ -34,7 +36,7 @@ class RMSNorm(nn.Module):
         return out if residual is None else (out, residual)
 
 
-def rope_inv_freq(head_dim: int, theta: float, rope_scaling: dict | None) -> torch.Tensor:  # [D/2] fp32
+def rope_inv_freq(head_dim: int, theta: float, rope_scaling: dict[str, Any] | None) -> torch.Tensor:  # [D/2] fp32
     """Inverse frequencies for rotate-half RoPE, with HF's "linear" and "llama3" scaling rules."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if not rope_scaling:
@@ -63,12 +65,14 @@ class RotaryEmbedding(nn.Module):
     results round exactly like HF's ``q * cos + rotate_half(q) * sin``.
     """
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, rope_scaling: dict | None) -> None:
+    def __init__(self, head_dim: int, max_positions: int, theta: float, rope_scaling: dict[str, Any] | None) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.max_positions = max_positions
         self.theta = theta
         self.rope_scaling = rope_scaling
+        self.cos: torch.Tensor  # [max_positions, D/2] fp32
+        self.sin: torch.Tensor
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
         self.build(inv_freq=None)
@@ -110,7 +114,7 @@ class RopeStep(NamedTuple):
 
 def rotate_(x: torch.Tensor, rope: RopeStep) -> None:
     """Rotate x [T, H, D] (a view of the fused qkv output) in place."""
-    if rope.cos is None:
+    if rope.cos is None or rope.sin is None:
         rotary_inplace(x, rope.table_cos, rope.table_sin, rope.positions)
     else:
         x.copy_(apply_rotary(x, rope.cos, rope.sin))

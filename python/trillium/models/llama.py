@@ -13,12 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trillium import _core
 from trillium.models.config import ModelConfig
 from trillium.models.layers import RMSNorm, RopeStep, RotaryEmbedding, rotate_
 from trillium.ops.attention import AttentionMetadata, paged_attention, store_kv
 from trillium.ops.layer_ops import fused_ok, silu_and_mul
-from trillium.ops.quant_linear import QuantWeight, quant_linear
+from trillium.ops.quant_linear import BoundQuantLinear, QuantWeight, quant_linear
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, Hkv, D]
 
@@ -38,22 +37,11 @@ class QuantLinear(nn.Module):
         self.int8_activations = int8_activations
         self.in_features, self.out_features = weight.in_features, weight.out_features
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
-        # The kernel's weight arguments, resolved once: this runs 4 times per layer per step.
-        self._weight_args = (
-            weight.out_features, weight.in_features, weight.bits, weight.codes.data_ptr(),
-            weight.scales.data_ptr(), weight.mins.data_ptr(), 0 if self.bias is None else self.bias.data_ptr(),
-        )
+        # Kernel arguments resolved once: this runs 4 times per layer per step.
+        self._op = BoundQuantLinear(weight, self.bias, int8_activations)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        if x.dim() != 2 or not x.is_contiguous() or x.dtype != torch.float32:
-            return quant_linear(x, self.qweight, self.bias, int8_activations=self.int8_activations)  # checked path
-        rows = x.shape[0]
-        out = torch.empty(rows, self.out_features, dtype=torch.float32)
-        if x.shape[1] != self.in_features:
-            raise ValueError(f"x has {x.shape[1]} features, the weight expects {self.in_features}")
-        _core.quant_linear(x.data_ptr(), rows, self.in_features, *self._weight_args, out.data_ptr(),
-                           self.out_features, torch.get_num_threads(), self.int8_activations)
-        return out
+        return self._op(x)
 
 
 class LlamaAttention(nn.Module):
@@ -84,7 +72,8 @@ class LlamaAttention(nn.Module):
         k_cache, v_cache = kv_cache
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
-        return self.o_proj(out.to(hidden.dtype).reshape(num_tokens, self.q_size))
+        projected: torch.Tensor = self.o_proj(out.to(hidden.dtype).reshape(num_tokens, self.q_size))
+        return projected
 
 
 class LlamaMLP(nn.Module):
@@ -97,9 +86,12 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         gate_up = self.gate_up_proj(x)  # [T, 2I]: [gate | up]
         if fused_ok(gate_up):
-            return self.down_proj(silu_and_mul(gate_up))
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+            activated = silu_and_mul(gate_up)
+        else:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)  # [T, I] each
+            activated = F.silu(gate) * up
+        out: torch.Tensor = self.down_proj(activated)
+        return out
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -110,7 +102,14 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(config, dtype)
 
-    def forward(self, hidden, residual, rope, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeStep,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it); the caller adds them (the next
         layer's norm does, fused). ``residual`` is None for the first layer, whose input is the
         embedding itself."""
@@ -146,7 +145,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens.requires_grad_(False)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.lm_head = None if config.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, False, dtype)
+        self.lm_head = (
+            None if config.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, False, dtype)
+        )
         self.quant_head: QuantWeight | None = None  # set by use_quant_weights
         self.int8_activations = False
         self.rotary = RotaryEmbedding(
@@ -177,8 +178,9 @@ class LlamaForCausalLM(nn.Module):
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+        normed: torch.Tensor
+        normed, _ = self.norm(hidden, residual)
+        return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
         if self.quant_head is not None:
@@ -207,8 +209,10 @@ class LlamaForCausalLM(nn.Module):
         for name in targets:
             dense, packed = modules[name], weights[name]
             if (packed.out_features, packed.in_features) != tuple(dense.weight.shape):
-                raise ValueError(f"{name}: quantized weight is {packed.out_features}x{packed.in_features}, "
-                                 f"expected {tuple(dense.weight.shape)}")
+                raise ValueError(
+                    f"{name}: quantized weight is {packed.out_features}x{packed.in_features}, "
+                    f"expected {tuple(dense.weight.shape)}"
+                )
         for name in targets:
             parent_name, _, leaf = name.rpartition(".")
             parent = modules[parent_name] if parent_name else self
@@ -261,9 +265,10 @@ class LlamaForCausalLM(nn.Module):
                 dest = param.narrow(0, offset, sizes[shard])
                 key = f"{target}:{shard}"
             else:
-                dest = params.get(name)
-                if dest is None:
+                own = params.get(name)
+                if own is None:
                     raise ValueError(f"unexpected weight {hf_name!r}")
+                dest = own
                 key = name
             if tuple(dest.shape) != tuple(tensor.shape):
                 raise ValueError(f"weight {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
@@ -285,7 +290,11 @@ class LlamaForCausalLM(nn.Module):
         non-CPU tensors are left alone (no gain measured). The tied embedding keeps its row layout.
         """
         for module in self.layers.modules():
-            if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu":
+            if (
+                isinstance(module, nn.Linear)
+                and module.weight.dtype == torch.float32
+                and module.weight.device.type == "cpu"
+            ):
                 module.weight.data = module.weight.data.t().contiguous().t()
 
     def _shard_sizes(self, fused: str) -> list[int]:
@@ -298,7 +307,7 @@ class LlamaForCausalLM(nn.Module):
     def _expected_keys(self) -> list[str]:
         keys = []
         for name, _ in self.named_parameters():
-            module, _, leaf = name.rpartition(".")
+            module, _, _leaf = name.rpartition(".")
             fused = module.rpartition(".")[2]
             if fused == "qkv_proj":
                 keys += [f"{name}:{i}" for i in range(3)]

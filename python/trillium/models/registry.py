@@ -67,13 +67,13 @@ def can_run_quantized(path: str, dtype: torch.dtype, device: torch.device | str 
     Needs a GGUF file whose projections are Q4_0/Q4_1/Q8_0, fp32 activations on the CPU, and a
     SIMD kernel for this CPU (the portable fallback is exact but slower than dense torch).
     """
-    from trillium import _core
+    from trillium.ops.cpu_isa import kernel_isa
 
     if not (os.path.isfile(path) and path.lower().endswith(".gguf")):
         return False, "not a GGUF file"
     if dtype != torch.float32 or torch.device(device).type != "cpu":
         return False, "quantized kernels take fp32 CPU activations"
-    if _core.kernel_isa() == "portable":
+    if kernel_isa() == "portable":
         return False, "no SIMD quantized kernel for this CPU"
     from trillium.models.gguf_loader import supports_quantized
 

@@ -22,12 +22,13 @@ gather + SDPA version is :mod:`trillium.ops.attention_ref`, the oracle in tests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
 
 import torch
 
 from trillium import _core
-
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # as trillium::DType
+from trillium.ops.kernel_specs import DTYPE_CODES, BatchSpec, CacheSpec, RowsSpec
 
 
 @dataclass
@@ -43,9 +44,9 @@ class AttentionMetadata:
     max_context_len: int
     query_lens: list[int]
     context_lens_list: list[int]
-    # Layer-independent derived values (kernel argument tuples, reference gather plans), filled on
+    # Layer-independent derived values (the kernels' BatchSpec, reference gather plans), filled on
     # first use in a step and reused by every layer.
-    _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _plans: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def is_decode_only(self) -> bool:
@@ -80,8 +81,7 @@ class AttentionMetadata:
                 raise ValueError(f"need 0 < query_len <= context_len, got {query_len}, {context_len}")
             if len(table) * block_size < context_len:
                 raise ValueError(
-                    f"block table of {len(table)} blocks cannot hold {context_len} tokens "
-                    f"with block_size {block_size}"
+                    f"block table of {len(table)} blocks cannot hold {context_len} tokens with block_size {block_size}"
                 )
             for pos in range(context_len - query_len, context_len):
                 slots.append(table[pos // block_size] * block_size + pos % block_size)
@@ -116,9 +116,9 @@ def store_kv(
     """
     cache = _cache_spec(k_cache, v_cache)
     num_tokens = key.shape[0]
-    key_spec = _rows_spec(key, "key", cache[5], cache[6])
-    value_spec = _rows_spec(value, "value", cache[5], cache[6])
-    if value.shape[0] != num_tokens or key_spec[4] != value_spec[4]:
+    key_spec = _rows_spec(key, "key", cache.num_kv_heads, cache.head_dim)
+    value_spec = _rows_spec(value, "value", cache.num_kv_heads, cache.head_dim)
+    if value.shape[0] != num_tokens or key_spec.dtype != value_spec.dtype:
         raise ValueError(f"key {tuple(key.shape)} {key.dtype} and value {tuple(value.shape)} {value.dtype} differ")
     if slot_mapping.dtype != torch.int64 or slot_mapping.shape != (num_tokens,) or not slot_mapping.is_contiguous():
         raise ValueError(
@@ -155,16 +155,16 @@ def paged_attention(
     batch = meta._plans.get("kernel_batch")
     if batch is None:
         batch = meta._plans["kernel_batch"] = _batch_spec(meta)
-    num_tokens = batch[1]
+    num_tokens = batch.num_tokens
     shape = query.shape
     if len(shape) != 3 or shape[0] != num_tokens:
         raise ValueError(f"query must be [{num_tokens}, num_q_heads, head_dim] for this metadata, got {tuple(shape)}")
-    query_spec = _rows_spec(query, "query", shape[1], cache[6])
+    query_spec = _rows_spec(query, "query", shape[1], cache.head_dim)
     if out is None:
         out = query.new_empty(shape, dtype=k_cache.dtype)
     elif out.shape[0] != num_tokens:
         raise ValueError(f"out has {out.shape[0]} tokens, query {num_tokens}")
-    out_spec = _rows_spec(out, "out", shape[1], cache[6])
+    out_spec = _rows_spec(out, "out", shape[1], cache.head_dim)
     on_cuda = _same_device(k_cache, query, out, meta.block_tables)
     if num_tokens == 0:
         return out
@@ -181,10 +181,10 @@ def paged_attention(
 # ------------------------------------------------------------------------------------------ checks
 # Called for every layer of every step: the common path is one combined condition; the detailed
 # message is built only on failure.
-def _cache_spec(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple:
-    """(k_ptr, v_ptr, dtype code, num_blocks, block_size, num_kv_heads, head_dim) of a checked pool."""
+def _cache_spec(k_cache: torch.Tensor, v_cache: torch.Tensor) -> CacheSpec:
+    """The spec of a checked pool."""
     shape = k_cache.shape
-    code = _DTYPE_CODES.get(k_cache.dtype)
+    code = DTYPE_CODES.get(k_cache.dtype)
     if (
         code is None
         or len(shape) != 4
@@ -198,21 +198,31 @@ def _cache_spec(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple:
             "must be equal, contiguous [num_blocks, block_size, num_kv_heads, head_dim] pools of dtype float32 "
             "or bfloat16"
         )
-    return (k_cache.data_ptr(), v_cache.data_ptr(), code, shape[0], shape[1], shape[2], shape[3])
+    return CacheSpec(
+        k_ptr=k_cache.data_ptr(),
+        v_ptr=v_cache.data_ptr(),
+        dtype=code,
+        num_blocks=shape[0],
+        block_size=shape[1],
+        num_kv_heads=shape[2],
+        head_dim=shape[3],
+    )
 
 
-def _rows_spec(x: torch.Tensor, name: str, num_heads: int, head_dim: int) -> tuple:
-    """(data_ptr, num_heads, stride_token, stride_head, dtype code) of a [T, num_heads, head_dim] tensor
-    whose last dimension is contiguous (token and head strides are free: views of a fused QKV work)."""
+def _rows_spec(x: torch.Tensor, name: str, num_heads: int, head_dim: int) -> RowsSpec:
+    """The spec of a [T, num_heads, head_dim] tensor whose last dimension is contiguous (token and
+    head strides are free: views of a fused QKV work)."""
     shape = x.shape
     stride = x.stride()
-    code = _DTYPE_CODES.get(x.dtype)
+    code = DTYPE_CODES.get(x.dtype)
     if code is None or len(shape) != 3 or shape[1] != num_heads or shape[2] != head_dim or stride[2] != 1:
         raise ValueError(
             f"{name} must be a [T, {num_heads}, {head_dim}] tensor of dtype float32 or bfloat16 with a contiguous "
             f"last dimension, got {x.dtype} {tuple(shape)} strides {stride}"
         )
-    return (x.data_ptr(), num_heads, stride[0], stride[1], code)
+    return RowsSpec(
+        data_ptr=x.data_ptr(), num_heads=num_heads, stride_token=stride[0], stride_head=stride[1], dtype=code
+    )
 
 
 def _same_device(cache: torch.Tensor, *tensors: torch.Tensor) -> bool:
@@ -227,29 +237,29 @@ def _same_device(cache: torch.Tensor, *tensors: torch.Tensor) -> bool:
     return False
 
 
-def _batch_spec(meta: AttentionMetadata) -> tuple:
-    """(num_requests, num_tokens, query_start_loc_ptr, context_lens_ptr, block_tables_ptr, table stride)."""
+def _batch_spec(meta: AttentionMetadata) -> BatchSpec:
+    """The spec of a step's checked metadata."""
     tensors = (meta.query_start_loc, meta.context_lens, meta.block_tables)
     if any(t.dtype != torch.int32 or not t.is_contiguous() for t in tensors):
         raise ValueError(
             "query_start_loc, context_lens and block_tables must be contiguous int32 (use AttentionMetadata.build)"
         )
     num_requests = len(meta.context_lens_list)
-    return (
-        num_requests,
-        sum(meta.query_lens),
-        meta.query_start_loc.data_ptr(),
-        meta.context_lens.data_ptr(),
-        meta.block_tables.data_ptr(),
-        meta.block_tables.shape[1] if meta.block_tables.dim() == 2 else 0,
+    return BatchSpec(
+        num_requests=num_requests,
+        num_tokens=sum(meta.query_lens),
+        query_start_loc_ptr=meta.query_start_loc.data_ptr(),
+        context_lens_ptr=meta.context_lens.data_ptr(),
+        block_tables_ptr=meta.block_tables.data_ptr(),
+        block_table_stride=meta.block_tables.shape[1] if meta.block_tables.dim() == 2 else 0,
     )
 
 
 # ------------------------------------------------------------------------------------------ CUDA
-_CUDA = None
+_CUDA: ModuleType | None = None
 
 
-def _cuda_module():
+def _cuda_module() -> ModuleType:
     """trillium._cuda, imported on first use; RuntimeError naming the cause when it is absent."""
     global _CUDA
     if _CUDA is None:

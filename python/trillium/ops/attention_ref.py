@@ -85,7 +85,9 @@ def _decode_plan(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | 
     return plan
 
 
-def _decode_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def _decode_attention(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
     """One new token per request: one padded gather and one SDPA call for the whole batch.
 
     The G = Hq / Hkv query heads sharing a KV head are laid out as G query rows of that head,
@@ -119,17 +121,19 @@ def _mixed_plan(meta: AttentionMetadata) -> list[tuple[torch.Tensor, torch.Tenso
     return plan
 
 
-def _mixed_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def _mixed_attention(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
     """Prefill or mixed batches: one SDPA call per request."""
     out = torch.empty_like(query)
     start = 0
-    for (slots, mask), query_len, context_len in zip(_mixed_plan(meta), meta.query_lens, meta.context_lens_list):
+    for (slots, mask), query_len, _context_len in zip(_mixed_plan(meta), meta.query_lens, meta.context_lens_list):
         k = _gather(k_cache, slots).transpose(0, 1)  # [Hkv, ctx, D]
         v = _gather(v_cache, slots).transpose(0, 1)  # [Hkv, ctx, D]
         q = query[start : start + query_len].transpose(0, 1)  # [Hq, n, D]
         # query_len == context_len: no cached prefix, SDPA's top-left causal alignment is ours;
         # query_len == 1: the one new token sees every key.
-        causal = mask is None and 1 < query_len
+        causal = mask is None and query_len > 1
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         out[start : start + query_len] = o.transpose(0, 1)  # [n, Hq, D]
         start += query_len

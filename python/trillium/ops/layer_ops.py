@@ -18,9 +18,7 @@ def fused_ok(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.stride(-1) == 1
 
 
-def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
     """``weight * x' * rsqrt(mean(x'^2) + eps)`` per row, ``x' = x + residual`` when given, in which
     case ``residual`` is updated in place to ``x'``. Returns a new [rows, hidden] tensor."""
     rows, hidden = x.shape
@@ -28,8 +26,16 @@ def rms_norm(
     if residual is not None and (residual.shape != x.shape or not fused_ok(residual)):
         raise ValueError(f"residual must be fp32 {tuple(x.shape)} with contiguous rows")
     _core.rms_norm(
-        x.data_ptr(), x.stride(0), 0 if residual is None else residual.data_ptr(),
-        0 if residual is None else residual.stride(0), weight.data_ptr(), out.data_ptr(), hidden, rows, hidden, eps,
+        x.data_ptr(),
+        x.stride(0),
+        0 if residual is None else residual.data_ptr(),
+        0 if residual is None else residual.stride(0),
+        weight.data_ptr(),
+        out.data_ptr(),
+        hidden,
+        rows,
+        hidden,
+        eps,
     )
     return out
 
@@ -50,6 +56,14 @@ def rotary_inplace(x: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Te
     if x.stride(2) != 1 or positions.dtype != torch.int64 or not positions.is_contiguous():
         raise ValueError("rotary_inplace needs a contiguous last dimension and contiguous int64 positions")
     _core.rotary_inplace(
-        x.data_ptr(), x.stride(0), x.stride(1), tokens, heads, head_dim,
-        cos_table.data_ptr(), sin_table.data_ptr(), cos_table.shape[0], positions.data_ptr(),
+        x.data_ptr(),
+        x.stride(0),
+        x.stride(1),
+        tokens,
+        heads,
+        head_dim,
+        cos_table.data_ptr(),
+        sin_table.data_ptr(),
+        cos_table.shape[0],
+        positions.data_ptr(),
     )

@@ -6,6 +6,9 @@ GGUF's Q4_0 / Q4_1 / Q8_0, so a quantized file is served without dequantizing it
 activations stay fp32 and the result is ``x @ dequantize(W).T`` up to summation order; with
 ``int8_activations`` they are rounded to int8 per row and 32-block (as llama.cpp does) and the
 integer dot products are exact; :func:`reference_quant_linear` computes that in float64.
+
+The only caller of ``_core.quant_linear``: models go through :func:`quant_linear` (any leading
+shape) or, for a layer that runs every step, :class:`BoundQuantLinear` (arguments resolved once).
 """
 
 from __future__ import annotations
@@ -49,8 +52,15 @@ class QuantWeight:
         scales = torch.empty(num_scales, dtype=torch.float32)
         mins = torch.empty(num_scales, dtype=torch.float32)
         _core.quant_linear_pack(
-            codes.data_ptr(), scale.data_ptr(), min.data_ptr(), n, k, bits,
-            packed.data_ptr(), scales.data_ptr(), mins.data_ptr(),
+            codes.data_ptr(),
+            scale.data_ptr(),
+            min.data_ptr(),
+            n,
+            k,
+            bits,
+            packed.data_ptr(),
+            scales.data_ptr(),
+            mins.data_ptr(),
         )
         return cls(n, k, bits, packed, scales, mins)
 
@@ -69,7 +79,8 @@ def quant_linear(
     """``x [..., K] -> [..., N]``: ``x @ W.T (+ bias)`` on fp32 CPU tensors, W block-quantized.
 
     Exact by default (fp32 activations times the dequantized weights); ``int8_activations`` rounds
-    x to int8 per 32-block first (llama.cpp's way: faster at large batches, approximate)."""
+    x to int8 per 32-block first (llama.cpp's way: faster at large batches, approximate).
+    ValueError on a dtype, device or shape mismatch (nothing written)."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"quant_linear takes fp32 CPU activations, got {x.dtype} on {x.device}")
     if x.shape[-1] != weight.in_features:
@@ -83,17 +94,80 @@ def quant_linear(
         out = torch.empty(rows, weight.out_features, dtype=torch.float32)
     elif out.shape != (rows, weight.out_features) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous fp32 [{rows}, {weight.out_features}] tensor")
-    if bias is not None:
-        bias = bias.to(torch.float32).contiguous()
-        if bias.shape != (weight.out_features,):
-            raise ValueError(f"bias must be [{weight.out_features}], got {tuple(bias.shape)}")
+    bias = _checked_bias(bias, weight.out_features)
+    _run(x2, x2.stride(0), _weight_args(weight, bias), out, int8_activations)
+    return out.view(*lead, weight.out_features)
+
+
+class BoundQuantLinear:
+    """:func:`quant_linear` for one weight, bias and activation mode, with the kernel's weight
+    arguments resolved (and the bias checked) once -- for projections that run every step.
+
+    Holds references to ``weight`` and ``bias``, whose storage must not be replaced afterwards (the
+    kernel keeps their addresses). ValueError at construction for a bias that is not [N].
+    """
+
+    __slots__ = ("weight", "bias", "int8_activations", "_args")
+
+    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None, int8_activations: bool = False) -> None:
+        self.weight = weight
+        self.bias = _checked_bias(bias, weight.out_features)
+        self.int8_activations = int8_activations
+        self._args = _weight_args(weight, self.bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N]; [..., K] -> [..., N]
+        """Same contract as :func:`quant_linear`. A contiguous fp32 CPU [T, K] input (every step's
+        case) costs one feature-count check; anything else takes the fully checked path."""
+        if x.dim() != 2 or x.dtype != torch.float32 or not x.is_cpu or not x.is_contiguous():
+            return quant_linear(x, self.weight, self.bias, int8_activations=self.int8_activations)
+        in_features = self.weight.in_features
+        if x.shape[1] != in_features:
+            raise ValueError(f"x has {x.shape[1]} features, the weight expects {in_features}")
+        out = torch.empty(x.shape[0], self.weight.out_features, dtype=torch.float32)
+        _run(x, in_features, self._args, out, self.int8_activations)
+        return out
+
+
+def _checked_bias(bias: torch.Tensor | None, out_features: int) -> torch.Tensor | None:
+    """``bias`` as a contiguous fp32 [out_features] tensor (itself when it already is one)."""
+    if bias is None:
+        return None
+    bias = bias.to(torch.float32).contiguous()
+    if bias.shape != (out_features,):
+        raise ValueError(f"bias must be [{out_features}], got {tuple(bias.shape)}")
+    return bias
+
+
+# (out_features, in_features, bits, codes, scales, mins, bias): the kernel's flat weight arguments,
+# addresses for the tensors (bias 0 when absent), in ``_core.quant_linear``'s order.
+_WeightArgs = tuple[int, int, int, int, int, int, int]
+
+
+def _weight_args(weight: QuantWeight, bias: torch.Tensor | None) -> _WeightArgs:
+    """The kernel's weight and bias arguments of ``weight`` and a checked ``bias``."""
+    return (
+        weight.out_features,
+        weight.in_features,
+        weight.bits,
+        weight.codes.data_ptr(),
+        weight.scales.data_ptr(),
+        weight.mins.data_ptr(),
+        0 if bias is None else bias.data_ptr(),
+    )
+
+
+def _run(x: torch.Tensor, x_stride: int, weight_args: _WeightArgs, out: torch.Tensor, int8_activations: bool) -> None:
+    """The kernel on checked tensors: fp32 CPU x [M, K] (row stride x_stride), out [M, N] contiguous."""
     _core.quant_linear(
-        x2.data_ptr(), rows, x2.stride(0), weight.out_features, weight.in_features, weight.bits,
-        weight.codes.data_ptr(), weight.scales.data_ptr(), weight.mins.data_ptr(),
-        0 if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0), torch.get_num_threads(),
+        x.data_ptr(),
+        x.shape[0],
+        x_stride,
+        *weight_args,
+        out.data_ptr(),
+        out.stride(0),
+        torch.get_num_threads(),
         int8_activations,
     )
-    return out.view(*lead, weight.out_features)
 
 
 def dequantize_blocks(codes: torch.Tensor, scale: torch.Tensor, min: torch.Tensor) -> torch.Tensor:

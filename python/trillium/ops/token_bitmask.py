@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 
 from trillium import _core
-
-_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # as trillium::DType
+from trillium.ops.kernel_specs import DTYPE_CODES, BitmaskSpec, LogitsSpec
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -31,12 +30,14 @@ def apply_token_bitmask(
     Raises ValueError on a dtype, device or shape the kernels do not take, or a mask row
     outside ``[-1, M)`` (checked on CPU; CUDA leaves such a row unmasked).
     """
-    if logits.dim() != 2 or logits.dtype not in _DTYPE_CODES or logits.stride(1) != 1:
-        raise ValueError(f"logits must be [N, V] float32/bfloat16 with contiguous rows, got {tuple(logits.shape)} "
-                         f"{logits.dtype}")
+    if logits.dim() != 2 or logits.dtype not in DTYPE_CODES or logits.stride(1) != 1:
+        raise ValueError(
+            f"logits must be [N, V] float32/bfloat16 with contiguous rows, got {tuple(logits.shape)} {logits.dtype}"
+        )
     if bitmask.dim() != 2 or bitmask.dtype != torch.int32 or not bitmask.is_contiguous():
-        raise ValueError(f"bitmask must be a contiguous [M, W] int32 tensor, got {tuple(bitmask.shape)} "
-                         f"{bitmask.dtype}")
+        raise ValueError(
+            f"bitmask must be a contiguous [M, W] int32 tensor, got {tuple(bitmask.shape)} {bitmask.dtype}"
+        )
     if bitmask.device != logits.device:
         raise ValueError(f"bitmask is on {bitmask.device} but logits are on {logits.device}")
     rows_ptr = 0
@@ -47,12 +48,24 @@ def apply_token_bitmask(
             raise ValueError("mask_rows must be on the logits' device")
         rows_ptr = mask_rows.data_ptr()
     num_rows, vocab = logits.shape
-    logits_spec = (logits.data_ptr(), _DTYPE_CODES[logits.dtype], logits.stride(0), num_rows, vocab)
-    bitmask_spec = (bitmask.data_ptr(), bitmask.stride(0), bitmask.shape[0], bitmask.shape[1])
+    logits_spec = LogitsSpec(
+        data_ptr=logits.data_ptr(),
+        dtype=DTYPE_CODES[logits.dtype],
+        row_stride=logits.stride(0),
+        num_rows=num_rows,
+        vocab_size=vocab,
+    )
+    bitmask_spec = BitmaskSpec(
+        data_ptr=bitmask.data_ptr(),
+        row_stride=bitmask.stride(0),
+        num_mask_rows=bitmask.shape[0],
+        num_words=bitmask.shape[1],
+    )
     if logits.device.type == "cuda":
         from trillium import _cuda
 
-        _cuda.apply_token_bitmask(logits_spec, bitmask_spec, rows_ptr,
-                                  torch.cuda.current_stream(logits.device).cuda_stream)
+        _cuda.apply_token_bitmask(
+            logits_spec, bitmask_spec, rows_ptr, torch.cuda.current_stream(logits.device).cuda_stream
+        )
     else:
         _core.apply_token_bitmask(logits_spec, bitmask_spec, rows_ptr)

@@ -99,8 +99,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise SamplingParamError("logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
         for token_id, bias in self.logit_bias.items():
             if not -100.0 <= bias <= 100.0:
-                raise SamplingParamError("logit_bias", f"values must be between -100 and 100, got {bias} "
-                                                       f"for token {token_id}")
+                raise SamplingParamError(
+                    "logit_bias", f"values must be between -100 and 100, got {bias} for token {token_id}"
+                )
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids in ``stop_token_ids`` and ``logit_bias`` must be in ``[0, vocab_size)``."""
@@ -108,8 +109,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise SamplingParamError("stop_token_ids", f"must be in [0, {vocab_size})")
         for token_id in self.logit_bias:
             if not 0 <= token_id < vocab_size:
-                raise SamplingParamError("logit_bias", f"token id {token_id} is outside the vocabulary "
-                                                       f"[0, {vocab_size})")
+                raise SamplingParamError(
+                    "logit_bias", f"token id {token_id} is outside the vocabulary [0, {vocab_size})"
+                )
 
 
 def _check_range(param: str, value: float, low: float, high: float) -> None:

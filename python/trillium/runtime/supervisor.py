@@ -22,8 +22,14 @@ log = logging.getLogger("trillium.runtime")
 class Supervisor:
     """Owns the nursery that all actors live in."""
 
-    def __init__(self, actors: list[Actor], *, draining: trio.Event | None = None, drain_timeout: float = 10.0,
-                 sinks: list[Sink] | None = None) -> None:
+    def __init__(
+        self,
+        actors: list[Actor],
+        *,
+        draining: trio.Event | None = None,
+        drain_timeout: float = 10.0,
+        sinks: list[Sink] | None = None,
+    ) -> None:
         self.actors = actors
         self.sinks = sinks or []  # each has a synchronous ``stop()``: flush what is queued, then return
         self.drain_timeout = drain_timeout

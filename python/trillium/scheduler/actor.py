@@ -50,8 +50,7 @@ def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
         num_prompt_tokens=new.num_prompt_tokens,
         error=new.error,
         num_cached_tokens=new.num_cached_tokens,
-        logprobs=None if old.logprobs is None and new.logprobs is None
-        else (old.logprobs or []) + (new.logprobs or []),
+        logprobs=None if old.logprobs is None and new.logprobs is None else (old.logprobs or []) + (new.logprobs or []),
         queue_time=new.queue_time,
     )
 
@@ -197,9 +196,11 @@ class SchedulerActor(Actor):
         """Start filling the masks of this step's constrained sampling rows (grammar thread)."""
         if self.bitmask_filler is None:
             return None
-        constrained = [(i, request.matcher) for i, ((request, _), scheduled) in
-                       enumerate(zip(plan.scheduled, plan.step_input.requests))
-                       if scheduled.sample and request.matcher is not None]
+        constrained = [
+            (i, request.matcher)
+            for i, ((request, _), scheduled) in enumerate(zip(plan.scheduled, plan.step_input.requests))
+            if scheduled.sample and request.matcher is not None
+        ]
         step_bitmask = self.bitmask_filler.begin_step(constrained, len(plan.scheduled))
         plan.step_input.bitmask = step_bitmask
         return step_bitmask
@@ -208,9 +209,16 @@ class SchedulerActor(Actor):
         request = update.request
         assert request.first_scheduled_time is not None  # it was in the step that produced the update
         request.reply.put(
-            TokenDelta(request.request_id, update.new_token_ids, update.finish_reason, request.num_prompt_tokens,
-                       update.error, num_cached_tokens=request.num_cached_tokens or 0, logprobs=update.logprobs,
-                       queue_time=request.first_scheduled_time - request.arrival_time)
+            TokenDelta(
+                request.request_id,
+                update.new_token_ids,
+                update.finish_reason,
+                request.num_prompt_tokens,
+                update.error,
+                num_cached_tokens=request.num_cached_tokens or 0,
+                logprobs=update.logprobs,
+                queue_time=request.first_scheduled_time - request.arrival_time,
+            )
         )
         if update.finish_reason is not None:
             request.reply.close()
@@ -238,21 +246,23 @@ class SchedulerActor(Actor):
         """Publish the counters as a new immutable snapshot (a few microseconds)."""
         kv = self.policy.kv
         filler = self.bitmask_filler
-        self.stats.publish(SchedulerStats(
-            num_requests_running=self.policy.num_running,
-            num_requests_waiting=self.policy.num_waiting,
-            num_free_blocks=kv.num_free_blocks,
-            num_total_blocks=kv.num_total_blocks,
-            num_cached_blocks=kv.num_cached_blocks,
-            num_blocks_in_use=kv.num_total_blocks - kv.num_reclaimable_blocks,
-            kv_cache_usage_perc=round(1 - kv.num_reclaimable_blocks / kv.num_total_blocks, 4),
-            num_preemptions=self.policy.num_preemptions,
-            num_steps=self.num_steps,
-            num_step_tokens=self.num_step_tokens,
-            step_seconds=round(self.step_seconds, 3),
-            num_forced_tokens=self.policy.num_forced_tokens,
-            grammar_steps=filler.num_steps if filler is not None else 0,
-            grammar_masks=filler.num_rows if filler is not None else 0,
-            grammar_fill_seconds=round(filler.fill_seconds, 4) if filler is not None else 0.0,
-            grammar_wait_seconds=round(filler.wait_seconds, 4) if filler is not None else 0.0,
-        ))
+        self.stats.publish(
+            SchedulerStats(
+                num_requests_running=self.policy.num_running,
+                num_requests_waiting=self.policy.num_waiting,
+                num_free_blocks=kv.num_free_blocks,
+                num_total_blocks=kv.num_total_blocks,
+                num_cached_blocks=kv.num_cached_blocks,
+                num_blocks_in_use=kv.num_total_blocks - kv.num_reclaimable_blocks,
+                kv_cache_usage_perc=round(1 - kv.num_reclaimable_blocks / kv.num_total_blocks, 4),
+                num_preemptions=self.policy.num_preemptions,
+                num_steps=self.num_steps,
+                num_step_tokens=self.num_step_tokens,
+                step_seconds=round(self.step_seconds, 3),
+                num_forced_tokens=self.policy.num_forced_tokens,
+                grammar_steps=filler.num_steps if filler is not None else 0,
+                grammar_masks=filler.num_rows if filler is not None else 0,
+                grammar_fill_seconds=round(filler.fill_seconds, 4) if filler is not None else 0.0,
+                grammar_wait_seconds=round(filler.wait_seconds, 4) if filler is not None else 0.0,
+            )
+        )

@@ -197,8 +197,9 @@ class SchedulerPolicy:
         del self.requests[request.request_id]
         self._finished_since_last_step.append(request.request_id)
 
-    def _advance_grammar(self, request: Request, token_id: int, new_token_ids: list[int],
-                         reason: FinishReason | None) -> tuple[FinishReason | None, str | None]:
+    def _advance_grammar(
+        self, request: Request, token_id: int, new_token_ids: list[int], reason: FinishReason | None
+    ) -> tuple[FinishReason | None, str | None]:
         """Feed the kept token to the request's grammar, then -- unless the request is done --
         append the tokens the grammar forces (jump-forward) to its output and to ``new_token_ids``.
         Returns the finish reason (possibly changed) and an error message.
@@ -214,8 +215,7 @@ class SchedulerPolicy:
             return FinishReason.STOP, None
         if reason is not None or not self.config.jump_forward or request.sampling.logprobs is not None:
             return reason, None
-        room = min(request.max_tokens - len(request.output_token_ids),
-                   self.config.max_model_len - request.num_tokens)
+        room = min(request.max_tokens - len(request.output_token_ids), self.config.max_model_len - request.num_tokens)
         forced = matcher.forced_tokens()[:room]
         if not forced:
             return None, None

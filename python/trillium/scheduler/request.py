@@ -24,10 +24,23 @@ class Request:
     """
 
     __slots__ = (
-        "request_id", "prompt_token_ids", "output_token_ids", "sampling", "max_tokens",
-        "reply", "status", "num_computed_tokens", "block_ids", "finish_reason",
-        "arrival_time", "first_scheduled_time",
-        "cache_namespace", "cache_handle", "num_inserted_blocks", "num_cached_tokens", "matcher",
+        "request_id",
+        "prompt_token_ids",
+        "output_token_ids",
+        "sampling",
+        "max_tokens",
+        "reply",
+        "status",
+        "num_computed_tokens",
+        "block_ids",
+        "finish_reason",
+        "arrival_time",
+        "first_scheduled_time",
+        "cache_namespace",
+        "cache_handle",
+        "num_inserted_blocks",
+        "num_cached_tokens",
+        "matcher",
     )
 
     def __init__(

@@ -20,10 +20,13 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import ContentStream, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from trillium.metering.actor import UsageSink
 from trillium.metering.metrics import Metrics
@@ -33,6 +36,9 @@ from trillium.protocol import FinishReason, SamplingParams
 from trillium.protocol.usage import ABORTED, COMPLETED, FAILED, REJECTED, UsageRecord
 from trillium.server.auth import Authenticator
 from trillium.server.errors import APIError, overloaded
+
+if TYPE_CHECKING:
+    from trillium.server.openai_shapes import ChoiceFanout
 
 # Worst first: the record of an n > 1 request carries the worst of its choices' reasons.
 _REASON_RANK = {FinishReason.ERROR: 3, FinishReason.ABORT: 2, FinishReason.LENGTH: 1, FinishReason.STOP: 0}
@@ -44,16 +50,23 @@ NEVER_RETRY_AFTER = 60
 def rate_limited(exc: LimitExceeded) -> APIError:
     """429 in OpenAI's shape; ``param`` names the limit, ``type`` is ``requests`` or ``tokens``."""
     seconds = NEVER_RETRY_AFTER if math.isinf(exc.retry_after) else max(1, math.ceil(exc.retry_after))
-    return APIError(exc.message, status=429, type=exc.kind, param=exc.limit, code="rate_limit_exceeded",
-                    headers={"Retry-After": str(seconds)})
+    return APIError(
+        exc.message,
+        status=429,
+        type=exc.kind,
+        param=exc.limit,
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(seconds)},
+    )
 
 
 class Accounting:
     """Server-wide state: the authenticator, every tenant's quota, the metrics and the usage
     sink (``None`` when nothing is written: no config and no request log)."""
 
-    def __init__(self, model_name: str, metrics: Metrics, access: AccessConfig | None = None,
-                 sink: UsageSink | None = None) -> None:
+    def __init__(
+        self, model_name: str, metrics: Metrics, access: AccessConfig | None = None, sink: UsageSink | None = None
+    ) -> None:
         self.model_name = model_name
         self.metrics = metrics
         self.auth = Authenticator(access)
@@ -81,8 +94,9 @@ class Accounting:
 class RequestAccount:
     """One admitted request's reservations and outcome. Event loop only; never awaits."""
 
-    def __init__(self, accounting: Accounting, request_id: str, tenant: str, quota: TenantQuota | None,
-                 endpoint: str) -> None:
+    def __init__(
+        self, accounting: Accounting, request_id: str, tenant: str, quota: TenantQuota | None, endpoint: str
+    ) -> None:
         self._accounting = accounting
         self.request_id = request_id
         self.tenant = tenant
@@ -90,7 +104,7 @@ class RequestAccount:
         self._endpoint = endpoint
         self._started = time.monotonic()
         self._reserved = 0  # tokens taken from the tenant's tokens-per-minute bucket
-        self.fanout = None  # server.openai_shapes.ChoiceFanout, once the request reached the engine
+        self.fanout: ChoiceFanout | None = None  # once the request reached the engine
         self.http_status = 200
         self._streaming = False
         self.finished = False
@@ -98,7 +112,9 @@ class RequestAccount:
     def __enter__(self) -> RequestAccount:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc is not None:
             self.finish(error=exc)
         elif not self._streaming:
@@ -110,17 +126,18 @@ class RequestAccount:
         context left). Returns the sampling to run with; raises APIError 429."""
         if self._quota is None:
             return sampling
-        if sampling.max_tokens is None:
+        max_tokens = sampling.max_tokens
+        if max_tokens is None:
             max_tokens = self._quota.default_max_tokens(num_prompt_tokens, room, n)
             sampling = msgspec.structs.replace(sampling, max_tokens=max_tokens)
         try:
-            self._reserved = self._quota.reserve(num_prompt_tokens, n * sampling.max_tokens)
+            self._reserved = self._quota.reserve(num_prompt_tokens, n * max_tokens)
         except LimitExceeded as exc:
             self._accounting.metrics.rate_limited(self.tenant, exc.limit)
             raise rate_limited(exc) from None
         return sampling
 
-    def streaming_response(self, body, **kwargs) -> StreamingResponse:
+    def streaming_response(self, body: ContentStream, **kwargs: Any) -> StreamingResponse:
         """A streamed response that owns this account from now on (see the module docstring)."""
         self._streaming = True
         return _AccountedStream(self, body, **kwargs)
@@ -143,7 +160,7 @@ class RequestAccount:
         if accounting.sink is not None:
             accounting.sink.send(record)
 
-    def _record(self, fanout, error: BaseException | None, now: float) -> UsageRecord:
+    def _record(self, fanout: ChoiceFanout | None, error: BaseException | None, now: float) -> UsageRecord:
         if isinstance(error, APIError):
             http_status = error.status
         elif _is_bug(error):
@@ -152,9 +169,15 @@ class RequestAccount:
             http_status = 499  # cancelled: the client closed the connection (nginx's code)
         else:
             http_status = self.http_status
-        record = UsageRecord(request_id=self.request_id, tenant=self.tenant, model=self._accounting.model_name,
-                             endpoint=self._endpoint, created=time.time(), e2e=now - self._started,
-                             http_status=http_status)
+        record = UsageRecord(
+            request_id=self.request_id,
+            tenant=self.tenant,
+            model=self._accounting.model_name,
+            endpoint=self._endpoint,
+            created=time.time(),
+            e2e=now - self._started,
+            http_status=http_status,
+        )
         if fanout is None:
             record.status = FAILED if _is_bug(error) else ABORTED if http_status == 499 else REJECTED
             return record
@@ -178,6 +201,7 @@ class RequestAccount:
         if first.first_token_time is not None:
             record.ttft = first.first_token_time - self._started
             if first.num_completion_tokens > 1:
+                assert first.last_token_time is not None  # set together with first_token_time
                 record.tpot = (first.last_token_time - first.first_token_time) / (first.num_completion_tokens - 1)
         return record
 
@@ -191,11 +215,11 @@ class _AccountedStream(StreamingResponse):
     """Finishes the account when the ASGI call ends, however it ends (the SSE generator's own
     ``finally`` never runs if the client left before the generator started)."""
 
-    def __init__(self, account: RequestAccount, body, **kwargs) -> None:
+    def __init__(self, account: RequestAccount, body: ContentStream, **kwargs: Any) -> None:
         super().__init__(body, **kwargs)
         self._account = account
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:

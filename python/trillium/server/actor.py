@@ -24,8 +24,16 @@ log = logging.getLogger("trillium.server")
 class FrontendActor(Actor):
     name = "frontend"
 
-    def __init__(self, client: EngineClient, draining: trio.Event, *, host: str = "127.0.0.1", port: int = 8000,
-                 graceful_timeout: float = 10.0, accounting: Accounting | None = None) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        draining: trio.Event,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        graceful_timeout: float = 10.0,
+        accounting: Accounting | None = None,
+    ) -> None:
         self.client = client
         self.accounting = accounting
         self.draining = draining
@@ -45,8 +53,10 @@ class FrontendActor(Actor):
         app = build_app(self.client, self.draining, self.accounting)
         try:
             async with trio.open_nursery() as nursery:
+                # hypercorn types the ASGI scope and events as TypedDicts, which Starlette's
+                # MutableMapping[str, Any] parameters do not accept; Starlette is a valid ASGI app.
                 self.bound_urls = await nursery.start(
-                    functools.partial(serve, app, config, shutdown_trigger=self.draining.wait)
+                    functools.partial(serve, app, config, shutdown_trigger=self.draining.wait)  # type: ignore[arg-type]
                 )
                 log.info("serving %s on %s", self.client.model_name, ", ".join(self.bound_urls))
                 task_status.started()

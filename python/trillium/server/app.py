@@ -28,8 +28,14 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
     return json_response(
-        {"error": {"message": f"internal error: {type(exc).__name__}", "type": "internal_error",
-                   "param": None, "code": "internal_error"}},
+        {
+            "error": {
+                "message": f"internal error: {type(exc).__name__}",
+                "type": "internal_error",
+                "param": None,
+                "code": "internal_error",
+            }
+        },
         500,
     )
 

@@ -40,9 +40,12 @@ class Authenticator:
             return ANONYMOUS
         key = _bearer_key(request)
         if key is None:
-            raise APIError("You didn't provide an API key. Send it in the Authorization header: "
-                           "'Authorization: Bearer YOUR_KEY'.", status=401, code="missing_api_key",
-                           headers=_CHALLENGE)
+            raise APIError(
+                "You didn't provide an API key. Send it in the Authorization header: 'Authorization: Bearer YOUR_KEY'.",
+                status=401,
+                code="missing_api_key",
+                headers=_CHALLENGE,
+            )
         tenant = self.access.key_hashes.get(_digest(key))
         if tenant is None:
             raise APIError("Incorrect API key provided.", status=401, code="invalid_api_key", headers=_CHALLENGE)
@@ -52,16 +55,25 @@ class Authenticator:
         """Raises APIError: 404 without an access config, 401 without the admin key, 403 for a
         tenant's key."""
         if self.access is None:
-            raise APIError("usage queries need an access config (trillium serve --config FILE)", status=404,
-                           type="NotFoundError", code="not_found")
+            raise APIError(
+                "usage queries need an access config (trillium serve --config FILE)",
+                status=404,
+                type="NotFoundError",
+                code="not_found",
+            )
         key = _bearer_key(request)
         if key is None:
-            raise APIError("This endpoint needs the admin API key.", status=401, code="missing_api_key",
-                           headers=_CHALLENGE)
+            raise APIError(
+                "This endpoint needs the admin API key.", status=401, code="missing_api_key", headers=_CHALLENGE
+            )
         digest = _digest(key)
         if digest in self.access.admin_key_hashes:
             return
         if digest in self.access.key_hashes:
-            raise APIError("This endpoint needs the admin API key, not a tenant's.", status=403,
-                           type="permission_error", code="permission_denied")
+            raise APIError(
+                "This endpoint needs the admin API key, not a tenant's.",
+                status=403,
+                type="permission_error",
+                code="permission_denied",
+            )
         raise APIError("Incorrect API key provided.", status=401, code="invalid_api_key", headers=_CHALLENGE)

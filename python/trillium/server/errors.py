@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import msgspec
 from starlette.responses import Response
@@ -29,7 +30,7 @@ class APIError(Exception):
         self.code = code
         self.headers = headers or {}
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> Response:
@@ -37,8 +38,9 @@ class APIError(Exception):
 
 
 def overloaded(message: str) -> APIError:
-    return APIError(message, status=503, type="server_overloaded", code="server_overloaded",
-                    headers={"Retry-After": "1"})
+    return APIError(
+        message, status=503, type="server_overloaded", code="server_overloaded", headers={"Retry-After": "1"}
+    )
 
 
 _PATH = re.compile(r"at `\$\.?([^`]*)`")

@@ -10,9 +10,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from trillium.protocol import FinishReason
 from trillium.engine_client import RequestStream, StreamOutput
+from trillium.protocol import FinishReason
+
+if TYPE_CHECKING:
+    from trillium.tokenizer import Tokenizer
+
+# One (chosen token's logprob, [(token id, logprob)] best first) per token, as the engine gives them.
+TokenLogprobs: TypeAlias = list[tuple[float, list[tuple[int, float]]]]
+# A JSON object of the response, as built here and encoded by msgspec.
+JSONObject: TypeAlias = dict[str, Any]
 
 
 class ChoiceFanout:
@@ -53,21 +62,20 @@ class ChoiceFanout:
         for stream in self.streams:
             stream.abort()
 
-    def usage(self) -> dict:
+    def usage(self) -> JSONObject:
         first = self.streams[0]
         p = first.num_prompt_tokens
         c = sum(s.num_completion_tokens for s in self.streams)
-        details = {"cached_tokens": first.num_cached_tokens}
+        details: JSONObject = {"cached_tokens": first.num_cached_tokens}
         if len(self.streams) > 1:  # not OpenAI's; shows the siblings reused choice 0's blocks
             details["cached_tokens_per_choice"] = [s.num_cached_tokens for s in self.streams]
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-                "prompt_tokens_details": details}
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c, "prompt_tokens_details": details}
 
 
 class LogprobsFormatter:
     """Turns (chosen logprob, top alternatives) per token into OpenAI's two logprobs shapes."""
 
-    def __init__(self, tokenizer, chat: bool) -> None:
+    def __init__(self, tokenizer: Tokenizer, chat: bool) -> None:
         self.tokenizer = tokenizer
         self.chat = chat
         self._text: dict[int, str] = {}
@@ -78,20 +86,28 @@ class LogprobsFormatter:
             text = self._text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
 
-    def chat_content(self, token_ids: list[int], logprobs) -> list[dict]:
+    def chat_content(self, token_ids: list[int], logprobs: TokenLogprobs) -> list[JSONObject]:
         out = []
         for token_id, (logprob, top) in zip(token_ids, logprobs):
             text = self.token_text(token_id)
-            out.append({
-                "token": text, "logprob": logprob, "bytes": list(text.encode()),
-                "top_logprobs": [{"token": (t := self.token_text(i)), "logprob": lp, "bytes": list(t.encode())}
-                                 for i, lp in top],
-            })
+            out.append(
+                {
+                    "token": text,
+                    "logprob": logprob,
+                    "bytes": list(text.encode()),
+                    "top_logprobs": [
+                        {"token": (t := self.token_text(i)), "logprob": lp, "bytes": list(t.encode())} for i, lp in top
+                    ],
+                }
+            )
         return out
 
-    def completion(self, token_ids: list[int], logprobs, text_offset: int) -> dict:
+    def completion(self, token_ids: list[int], logprobs: TokenLogprobs, text_offset: int) -> JSONObject:
         """``text_offset`` is where the first of these tokens starts in the choice's text."""
-        tokens, token_logprobs, tops, offsets = [], [], [], []
+        tokens: list[str] = []
+        token_logprobs: list[float] = []
+        tops: list[dict[str, float]] = []
+        offsets: list[int] = []
         for token_id, (logprob, top) in zip(token_ids, logprobs):
             text = self.token_text(token_id)
             tokens.append(text)
@@ -112,13 +128,20 @@ class ResponseShape:
         self.logprobs = logprobs
         self.created = int(time.time())
 
-    def _envelope(self, object_: str) -> dict:
+    def _envelope(self, object_: str) -> JSONObject:
         return {"id": self.request_id, "object": object_, "created": self.created, "model": self.model}
 
-    def chunk(self, index: int, text: str | None, finish_reason: str | None, *, first: bool = False,
-              logprobs: dict | list | None = None) -> dict:
+    def chunk(
+        self,
+        index: int,
+        text: str | None,
+        finish_reason: str | None,
+        *,
+        first: bool = False,
+        logprobs: JSONObject | list[JSONObject] | None = None,
+    ) -> JSONObject:
         if self.chat:
-            delta: dict = {}
+            delta: JSONObject = {}
             if first:
                 delta["role"] = "assistant"
             if text is not None:
@@ -129,21 +152,35 @@ class ResponseShape:
         choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return {**self._envelope("text_completion"), "choices": [choice]}
 
-    def usage_chunk(self, usage: dict) -> dict:
-        return {**self._envelope("chat.completion.chunk" if self.chat else "text_completion"),
-                "choices": [], "usage": usage}
+    def usage_chunk(self, usage: JSONObject) -> JSONObject:
+        return {
+            **self._envelope("chat.completion.chunk" if self.chat else "text_completion"),
+            "choices": [],
+            "usage": usage,
+        }
 
-    def full(self, choices: list[tuple[str, str, dict | list | None]], usage: dict) -> dict:
+    def full(
+        self, choices: list[tuple[str, str, JSONObject | list[JSONObject] | None]], usage: JSONObject
+    ) -> JSONObject:
         """``choices``: (text, finish_reason, formatted logprobs or None) per index."""
+        body: list[JSONObject]
         if self.chat:
-            body = [{"index": i, "message": {"role": "assistant", "content": text},
-                     "logprobs": {"content": lp} if lp is not None else None, "finish_reason": reason}
-                    for i, (text, reason, lp) in enumerate(choices)]
+            body = [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": {"content": lp} if lp is not None else None,
+                    "finish_reason": reason,
+                }
+                for i, (text, reason, lp) in enumerate(choices)
+            ]
             return {**self._envelope("chat.completion"), "choices": body, "usage": usage}
-        body = [{"index": i, "text": text, "logprobs": lp, "finish_reason": reason}
-                for i, (text, reason, lp) in enumerate(choices)]
+        body = [
+            {"index": i, "text": text, "logprobs": lp, "finish_reason": reason}
+            for i, (text, reason, lp) in enumerate(choices)
+        ]
         return {**self._envelope("text_completion"), "choices": body, "usage": usage}
 
 
-def error_payload(message: str) -> dict:
+def error_payload(message: str) -> JSONObject:
     return {"error": {"message": message, "type": "internal_error", "param": None, "code": "internal_error"}}

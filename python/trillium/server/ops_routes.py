@@ -45,9 +45,17 @@ class OpsRoutes:
         try:
             totals = await sink.query(query)
         except RuntimeError as exc:
-            raise APIError(str(exc), status=503, type="server_overloaded", code="server_overloaded",
-                           headers={"Retry-After": "1"}) from None
-        return Response(msgspec.json.encode({
-            "object": "list", "since": bounds.get("since"), "until": bounds.get("until", now),
-            "data": [msgspec.structs.asdict(t) for t in totals],
-        }), media_type="application/json")
+            raise APIError(
+                str(exc), status=503, type="server_overloaded", code="server_overloaded", headers={"Retry-After": "1"}
+            ) from None
+        return Response(
+            msgspec.json.encode(
+                {
+                    "object": "list",
+                    "since": bounds.get("since"),
+                    "until": bounds.get("until", now),
+                    "data": [msgspec.structs.asdict(t) for t in totals],
+                }
+            ),
+            media_type="application/json",
+        )

@@ -6,18 +6,28 @@ ever sees token ids (llama.cpp server's rule).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from typing import Any
+
 import msgspec
 import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from trillium.engine_client import EngineClient, EngineOverloaded, TokenizeError
-from trillium.protocol import FinishReason
+from trillium.engine_client import EngineClient, EngineOverloaded, RequestStream, TokenizeError
+from trillium.protocol import FinishReason, SamplingParams, StructuredOutputs
 from trillium.protocol.messages import SEED_MAX
 from trillium.server import sse
 from trillium.server.accounting import Accounting, RequestAccount
 from trillium.server.errors import APIError, overloaded
-from trillium.server.openai_shapes import ChoiceFanout, LogprobsFormatter, ResponseShape, error_payload
+from trillium.server.openai_shapes import (
+    ChoiceFanout,
+    JSONObject,
+    LogprobsFormatter,
+    ResponseShape,
+    TokenLogprobs,
+    error_payload,
+)
 from trillium.server.schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -30,13 +40,13 @@ from trillium.server.schema import (
     sampling_params,
     structured_param,
 )
-from trillium.structured import GrammarError
+from trillium.structured import CompiledGrammar, GrammarError
 
 # Legacy completions default to 16 tokens, as in OpenAI's API; chat defaults to the room left.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
-def json_response(payload: dict, status: int = 200) -> Response:
+def json_response(payload: JSONObject, status: int = 200) -> Response:
     return Response(msgspec.json.encode(payload), status, media_type="application/json")
 
 
@@ -60,13 +70,20 @@ class Routes:
 
     async def models(self, request: Request) -> Response:
         self.accounting.auth.tenant(request)
-        return json_response({
-            "object": "list",
-            "data": [{
-                "id": self.client.model_name, "object": "model", "created": 0, "owned_by": "trillium",
-                "max_model_len": self.client.max_model_len,
-            }],
-        })
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.client.model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "trillium",
+                        "max_model_len": self.client.max_model_len,
+                    }
+                ],
+            }
+        )
 
     async def chat_completions(self, request: Request) -> Response:
         with self.accounting.admit(request, chat=True) as account:
@@ -81,8 +98,13 @@ class Routes:
         self._check_model(body.model)
         messages = chat_messages(body)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        sampling = sampling_params(body, max_tokens, default_max_tokens=None,
-                                   vocab_size=self.client.model_config.vocab_size, logprobs=chat_logprobs(body))
+        sampling = sampling_params(
+            body,
+            max_tokens,
+            default_max_tokens=None,
+            vocab_size=self.client.model_config.vocab_size,
+            logprobs=chat_logprobs(body),
+        )
         prompt_ids = await self._tokenize(messages=messages)
         self._check_length(len(prompt_ids), sampling.max_tokens, "messages")
         sampling = self._limit_tokens(account, sampling, len(prompt_ids), body.n)
@@ -95,9 +117,13 @@ class Routes:
             raise APIError("suffix is not supported", param="suffix")
         if body.echo and body.logprobs is not None:
             raise APIError("echo together with logprobs is not supported (no prompt logprobs)", param="echo")
-        sampling = sampling_params(body, body.max_tokens, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
-                                   vocab_size=self.client.model_config.vocab_size,
-                                   logprobs=completion_logprobs(body))
+        sampling = sampling_params(
+            body,
+            body.max_tokens,
+            default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
+            vocab_size=self.client.model_config.vocab_size,
+            logprobs=completion_logprobs(body),
+        )
         prompt = body.prompt
         if isinstance(prompt, list) and len({type(p) for p in prompt}) > 1:
             raise APIError("prompt must be a string, a list of strings, or a list of token ids", param="prompt")
@@ -108,10 +134,10 @@ class Routes:
         if isinstance(prompt, list):
             if not prompt:
                 raise APIError("prompt must not be empty", param="prompt")
+            prompt_ids = [t for t in prompt if isinstance(t, int)]  # all of them: one type, and not str
             vocab = self.client.model_config.vocab_size
-            if any(not 0 <= t < vocab for t in prompt):
+            if any(not 0 <= t < vocab for t in prompt_ids):
                 raise APIError(f"prompt token ids must be in [0, {vocab})", param="prompt")
-            prompt_ids = list(prompt)
         else:
             if not prompt:
                 raise APIError("prompt must not be empty", param="prompt")
@@ -151,10 +177,15 @@ class Routes:
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.client.model_name:
-            raise APIError(f"The model `{model}` does not exist.", status=404, type="NotFoundError",
-                           param="model", code="model_not_found")
+            raise APIError(
+                f"The model `{model}` does not exist.",
+                status=404,
+                type="NotFoundError",
+                param="model",
+                code="model_not_found",
+            )
 
-    async def _tokenize(self, **kwargs) -> list[int]:
+    async def _tokenize(self, **kwargs: Any) -> list[int]:
         if self.draining.is_set():
             raise overloaded("server is shutting down")
         try:
@@ -174,7 +205,9 @@ class Routes:
         except TokenizeError as exc:
             raise APIError(f"could not decode the tokens: {exc}", param=param) from None
 
-    async def _compile_grammar(self, body, constraint):
+    async def _compile_grammar(
+        self, body: ChatCompletionRequest | CompletionRequest, constraint: StructuredOutputs
+    ) -> CompiledGrammar:
         """Compile the request's output constraint (each choice gets its own matcher from it)."""
         try:
             return await self.client.compile_grammar(constraint)
@@ -194,12 +227,22 @@ class Routes:
                 code="context_length_exceeded",
             )
 
-    def _limit_tokens(self, account: RequestAccount, sampling, num_prompt_tokens: int, n: int):
+    def _limit_tokens(
+        self, account: RequestAccount, sampling: SamplingParams, num_prompt_tokens: int, n: int
+    ) -> SamplingParams:
         """The tenant's token limits, before the scheduler sees the request (429)."""
         return account.limit_tokens(sampling, num_prompt_tokens, n, self.client.max_model_len - num_prompt_tokens)
 
-    async def _run(self, body, prompt_ids: list[int], sampling, account: RequestAccount, *, chat: bool,
-                   echo: str | None = None) -> Response:
+    async def _run(
+        self,
+        body: ChatCompletionRequest | CompletionRequest,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        account: RequestAccount,
+        *,
+        chat: bool,
+        echo: str | None = None,
+    ) -> Response:
         request_id = account.request_id
         if body.cache_salt is not None and not body.cache_salt:
             raise APIError("cache_salt must be a non-empty string", param="cache_salt")
@@ -207,7 +250,7 @@ class Routes:
         if sampling.structured is not None:
             grammar = await self._compile_grammar(body, sampling.structured)
 
-        def open_choice(i: int):
+        def open_choice(i: int) -> RequestStream:
             choice_sampling = sampling
             if i > 0 and sampling.seed is not None:
                 seed = sampling.seed + i
@@ -215,8 +258,9 @@ class Routes:
                     seed -= 2**64
                 choice_sampling = msgspec.structs.replace(sampling, seed=seed)
             choice_id = request_id if i == 0 else f"{request_id}-{i}"
-            return self.client.open_stream(choice_id, prompt_ids, choice_sampling, cache_salt=body.cache_salt,
-                                           grammar=grammar)
+            return self.client.open_stream(
+                choice_id, prompt_ids, choice_sampling, cache_salt=body.cache_salt, grammar=grammar
+            )
 
         try:
             fanout = ChoiceFanout(open_choice, body.n)
@@ -227,8 +271,11 @@ class Routes:
         shape = ResponseShape(request_id, self.client.model_name, chat, formatter)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return account.streaming_response(_sse_body(fanout, shape, include_usage, echo, account),
-                                              media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return account.streaming_response(
+                _sse_body(fanout, shape, include_usage, echo, account),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         response = await _full_response(fanout, shape, echo)
         account.http_status = response.status_code
         return response
@@ -240,24 +287,29 @@ class _ChoiceLogprobs:
     def __init__(self, formatter: LogprobsFormatter, text_offset: int) -> None:
         self.formatter = formatter
         self.offset = text_offset
-        self.chat_content: list[dict] = []
-        self.completion: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        self.chat_content: list[JSONObject] = []
+        self.completion: dict[str, list[Any]] = {
+            "tokens": [],
+            "token_logprobs": [],
+            "top_logprobs": [],
+            "text_offset": [],
+        }
 
-    def add(self, token_ids: list[int], logprobs) -> dict | list | None:
+    def add(self, token_ids: list[int], logprobs: TokenLogprobs | None) -> JSONObject | list[JSONObject] | None:
         """Formats the new tokens' logprobs, remembers them, and returns them (for a chunk)."""
         if not logprobs:
             return None
         if self.formatter.chat:
-            new = self.formatter.chat_content(token_ids, logprobs)
-            self.chat_content.extend(new)
-            return new
+            content = self.formatter.chat_content(token_ids, logprobs)
+            self.chat_content.extend(content)
+            return content
         new = self.formatter.completion(token_ids, logprobs, self.offset)
         self.offset += sum(len(t) for t in new["tokens"])
         for key, values in new.items():
             self.completion[key].extend(values)
         return new
 
-    def result(self) -> dict | list:
+    def result(self) -> JSONObject | list[JSONObject]:
         return self.chat_content if self.formatter.chat else self.completion
 
 
@@ -270,25 +322,33 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: str |
         while (item := await fanout.next()) is not None:
             i, out = item
             parts[i].append(out.text)
-            if logprobs[i] is not None:
-                logprobs[i].add(out.token_ids, out.logprobs)
+            choice_logprobs = logprobs[i]
+            if choice_logprobs is not None:
+                choice_logprobs.add(out.token_ids, out.logprobs)
             if out.finish_reason == FinishReason.ERROR:
                 return json_response(error_payload(out.error or "generation failed"), 500)
             if out.finish_reason == FinishReason.ABORT:
-                raise APIError("request aborted: the server is shutting down", status=503,
-                               type="server_overloaded", headers={"Retry-After": "1"})
+                raise APIError(
+                    "request aborted: the server is shutting down",
+                    status=503,
+                    type="server_overloaded",
+                    headers={"Retry-After": "1"},
+                )
             if out.finish_reason is not None:
                 reasons[i] = out.finish_reason.openai_name
     except EngineOverloaded as exc:
         raise overloaded(str(exc)) from None
     finally:
         fanout.abort()  # a no-op unless we are being cancelled mid-generation
-    choices = [("".join(parts[i]), reasons[i], logprobs[i].result() if logprobs[i] else None) for i in range(n)]
+    choices = [
+        ("".join(text), reason, lp.result() if lp else None) for text, reason, lp in zip(parts, reasons, logprobs)
+    ]
     return json_response(shape.full(choices, fanout.usage()))
 
 
-async def _sse_body(fanout: ChoiceFanout, shape: ResponseShape, include_usage: bool, echo: str | None,
-                    account: RequestAccount):
+async def _sse_body(
+    fanout: ChoiceFanout, shape: ResponseShape, include_usage: bool, echo: str | None, account: RequestAccount
+) -> AsyncIterator[bytes]:
     """SSE events of one request. No awaits in ``finally``: a cancelled generator can't await.
     The account is finished before the last events, so that a client that has read ``[DONE]``
     finds the request in the metrics and the ledger."""
@@ -318,10 +378,17 @@ async def _sse_body(fanout: ChoiceFanout, shape: ResponseShape, include_usage: b
             if reason == FinishReason.ABORT:
                 yield sse.event(error_payload("request aborted: the server is shutting down"))
                 break
-            lp = logprobs[i].add(out.token_ids, out.logprobs) if logprobs[i] is not None else None
+            choice_logprobs = logprobs[i]
+            lp = choice_logprobs.add(out.token_ids, out.logprobs) if choice_logprobs is not None else None
             if out.text or reason is not None or lp:
-                yield sse.event(shape.chunk(i, out.text if out.text else None,
-                                            reason.openai_name if reason is not None else None, logprobs=lp))
+                yield sse.event(
+                    shape.chunk(
+                        i,
+                        out.text if out.text else None,
+                        reason.openai_name if reason is not None else None,
+                        logprobs=lp,
+                    )
+                )
         account.finish()
         if include_usage:
             yield sse.event(shape.usage_chunk(fanout.usage()))

@@ -6,13 +6,15 @@ and range-checked here, each failure naming its field.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
-from trillium.protocol.messages import MAX_LOGPROBS
 from trillium.protocol import SamplingParamError, SamplingParams, StructuredOutputs
+from trillium.protocol.messages import MAX_LOGPROBS
 from trillium.server.errors import APIError
+
+_S = TypeVar("_S", bound=msgspec.Struct)
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = MAX_LOGPROBS
@@ -114,7 +116,7 @@ class DetokenizeBody(msgspec.Struct, kw_only=True):
     tokens: list[int]
 
 
-def decode_body(body: bytes, kind: type[msgspec.Struct]):
+def decode_body(body: bytes, kind: type[_S]) -> _S:
     """Parse JSON into ``kind``; malformed JSON or wrong types -> 400 naming the field."""
     from trillium.server.errors import from_validation_error
 
@@ -126,11 +128,11 @@ def decode_body(body: bytes, kind: type[msgspec.Struct]):
         raise APIError(f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
-def chat_messages(request: ChatCompletionRequest) -> list[dict]:
+def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
     """Messages as plain dicts for the chat template; text parts are joined."""
     if not request.messages:
         raise APIError("messages must contain at least one message", param="messages")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(request.messages):
         if m.role not in ("system", "user", "assistant", "tool", "developer"):
             raise APIError(f"unknown role {m.role!r}", param=f"messages[{i}].role")
@@ -143,8 +145,14 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict]:
     return out
 
 
-def sampling_params(request: _Common, max_tokens: int | None, default_max_tokens: int | None,
-                    *, vocab_size: int, logprobs: int | None = None) -> SamplingParams:
+def sampling_params(
+    request: _Common,
+    max_tokens: int | None,
+    default_max_tokens: int | None,
+    *,
+    vocab_size: int,
+    logprobs: int | None = None,
+) -> SamplingParams:
     """Build :class:`SamplingParams` from the request; its ranges are checked there, once, and a
     bad value becomes a 400 naming the field. Only request-shape checks live here."""
     if not 1 <= request.n <= MAX_N:
@@ -194,10 +202,14 @@ def structured_constraint(request: _Common) -> StructuredOutputs | None:
     if so is not None:
         fields = [f for f in _STRUCTURED_FIELDS if getattr(so, f) not in (None, False)]
         if len(fields) != 1:
-            raise APIError("structured_outputs needs exactly one of json, regex, choice, grammar, json_object; got "
-                           f"{fields or 'none'}", param="structured_outputs")
-        return StructuredOutputs(json=so.json, regex=so.regex, choice=so.choice, grammar=so.grammar,
-                                 json_object=so.json_object)
+            raise APIError(
+                "structured_outputs needs exactly one of json, regex, choice, grammar, json_object; got "
+                f"{fields or 'none'}",
+                param="structured_outputs",
+            )
+        return StructuredOutputs(
+            json=so.json, regex=so.regex, choice=so.choice, grammar=so.grammar, json_object=so.json_object
+        )
     if rf is None or rf.type == "text":
         return None
     if rf.type == "json_object":
@@ -206,8 +218,9 @@ def structured_constraint(request: _Common) -> StructuredOutputs | None:
         if rf.json_schema is None or rf.json_schema.schema_ is None:
             raise APIError("response_format.json_schema.schema is required", param="response_format.json_schema.schema")
         return StructuredOutputs(json=rf.json_schema.schema_)
-    raise APIError(f"response_format.type must be text, json_object or json_schema, got {rf.type!r}",
-                   param="response_format.type")
+    raise APIError(
+        f"response_format.type must be text, json_object or json_schema, got {rf.type!r}", param="response_format.type"
+    )
 
 
 def structured_param(request: _Common) -> str:
@@ -216,15 +229,19 @@ def structured_param(request: _Common) -> str:
     if so is not None:
         kind = next(f for f in _STRUCTURED_FIELDS if getattr(so, f) not in (None, False))
         return f"structured_outputs.{kind}"
-    return "response_format.json_schema.schema" if request.response_format.type == "json_schema" else "response_format"
+    rf = request.response_format
+    assert rf is not None  # the constraint came from one of the two
+    return "response_format.json_schema.schema" if rf.type == "json_schema" else "response_format"
 
 
 def chat_logprobs(request: ChatCompletionRequest) -> int | None:
     """``logprobs: true`` + ``top_logprobs`` -> how many alternatives to return (None: off)."""
     if request.top_logprobs is not None:
         if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise APIError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {request.top_logprobs}",
-                           param="top_logprobs")
+            raise APIError(
+                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {request.top_logprobs}",
+                param="top_logprobs",
+            )
         if not request.logprobs:
             raise APIError("top_logprobs requires logprobs to be true", param="top_logprobs")
     return (request.top_logprobs or 0) if request.logprobs else None
@@ -232,8 +249,9 @@ def chat_logprobs(request: ChatCompletionRequest) -> int | None:
 
 def completion_logprobs(request: CompletionRequest) -> int | None:
     if request.logprobs is not None and not 0 <= request.logprobs <= MAX_COMPLETION_LOGPROBS:
-        raise APIError(f"logprobs must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {request.logprobs}",
-                       param="logprobs")
+        raise APIError(
+            f"logprobs must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {request.logprobs}", param="logprobs"
+        )
     return request.logprobs
 
 

@@ -26,8 +26,13 @@ GRAMMAR_THREADS = 2  # compiles at once; the rest queue on the limiter (inside t
 class GrammarActor(Actor):
     name = "grammar"
 
-    def __init__(self, compiler: GrammarCompiler, inbox: trio.MemoryReceiveChannel[object],
-                 stats: Snapshot[GrammarStats] | None = None, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        compiler: GrammarCompiler,
+        inbox: trio.MemoryReceiveChannel[object],
+        stats: Snapshot[GrammarStats] | None = None,
+        timeout_s: float = COMPILE_TIMEOUT_S,
+    ) -> None:
         self.compiler = compiler
         self.inbox = inbox
         self.timeout_s = timeout_s
@@ -64,8 +69,9 @@ class GrammarActor(Actor):
             return hit
         try:
             with trio.fail_after(self.timeout_s):
-                return await trio.to_thread.run_sync(self.compiler.compile, constraint, limiter=self._limiter,
-                                                     abandon_on_cancel=True)
+                return await trio.to_thread.run_sync(
+                    self.compiler.compile, constraint, limiter=self._limiter, abandon_on_cancel=True
+                )
         except trio.TooSlowError:
             self.num_timeouts += 1
             raise GrammarError(f"compiling the constraint took longer than {self.timeout_s:g} s") from None
@@ -76,6 +82,10 @@ class GrammarActor(Actor):
             raise GrammarError(f"could not compile the constraint: {exc}") from None
 
     def _publish_stats(self) -> None:
-        self.stats.publish(GrammarStats(grammars_compiled=self.compiler.num_compiled,
-                                        grammar_cache_hits=self.compiler.num_cache_hits,
-                                        grammar_compile_timeouts=self.num_timeouts))
+        self.stats.publish(
+            GrammarStats(
+                grammars_compiled=self.compiler.num_compiled,
+                grammar_cache_hits=self.compiler.num_cache_hits,
+                grammar_compile_timeouts=self.num_timeouts,
+            )
+        )

@@ -13,7 +13,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import llguidance
 
@@ -21,9 +21,8 @@ from trillium.protocol import StructuredOutputs
 from trillium.structured.matcher import GrammarMatcher
 
 if TYPE_CHECKING:
+    import tokenizers
     from llguidance._lib import JsonCompileOptions  # a stub-only TypedDict
-
-    from trillium.tokenizer.tokenizer import Tokenizer
 
 CACHE_SIZE = 256  # compiled grammars kept; an agent fleet reuses a handful of schemas
 
@@ -43,11 +42,20 @@ class GrammarError(ValueError):
     ``param`` names the request field it came from (set by the frontend)."""
 
 
-def build_ll_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
+class _Vocabulary(Protocol):
+    """What :func:`build_ll_tokenizer` reads of a ``trillium.tokenizer.Tokenizer`` (a module of
+    the same layer, so not imported here)."""
+
+    _backend: tokenizers.Tokenizer
+    eos_token_ids: frozenset[int]
+
+
+def build_ll_tokenizer(tokenizer: _Vocabulary, vocab_size: int) -> llguidance.LLTokenizer:
     """llguidance's view of our tokenizer (its ``tokenizers`` JSON, the model's vocabulary size and
     EOS ids). Takes ~0.3 s for a 50k vocabulary: build once per engine."""
-    return llguidance.LLTokenizer(tokenizer._backend.to_str(), n_vocab=vocab_size,
-                                  eos_token=sorted(tokenizer.eos_token_ids))
+    return llguidance.LLTokenizer(
+        tokenizer._backend.to_str(), n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_token_ids)
+    )
 
 
 def constraint_key(constraint: StructuredOutputs) -> tuple[str, str]:
@@ -56,11 +64,15 @@ def constraint_key(constraint: StructuredOutputs) -> tuple[str, str]:
     JSON Schemas keep their key order (it is the order properties are generated in); only
     whitespace is normalized, so equal schemas sent with different formatting share a cache entry.
     """
-    set_fields = [name for name in ("json", "regex", "choice", "grammar", "json_object")
-                  if getattr(constraint, name) not in (None, False)]
+    set_fields = [
+        name
+        for name in ("json", "regex", "choice", "grammar", "json_object")
+        if getattr(constraint, name) not in (None, False)
+    ]
     if len(set_fields) != 1:
-        raise GrammarError(f"exactly one of json, regex, choice, grammar, json_object must be set, got "
-                           f"{set_fields or 'none'}")
+        raise GrammarError(
+            f"exactly one of json, regex, choice, grammar, json_object must be set, got {set_fields or 'none'}"
+        )
     kind = set_fields[0]
     value: Any = getattr(constraint, kind)
     if kind == "json":
@@ -130,8 +142,9 @@ class GrammarCompiler:
         if hit is not None:
             return hit
         digest, kind, text = self.key_of(constraint)
-        template = llguidance.LLMatcher(self.ll_tokenizer, _to_llguidance(kind, text), log_level=0,
-                                        limits=PARSER_LIMITS)
+        template = llguidance.LLMatcher(
+            self.ll_tokenizer, _to_llguidance(kind, text), log_level=0, limits=PARSER_LIMITS
+        )
         if template.is_error():
             raise GrammarError(_describe(kind, template.get_error()))
         compiled = CompiledGrammar(digest, kind, template)

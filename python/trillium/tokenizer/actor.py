@@ -45,8 +45,9 @@ class TokenizerActor(Actor):
                 result: TokenizeResult | DetokenizeResult
                 try:
                     if isinstance(message, DetokenizeRequest):
-                        text = await trio.to_thread.run_sync(self.tokenizer.decode, message.token_ids,
-                                                             limiter=self._limiter)
+                        text = await trio.to_thread.run_sync(
+                            self.tokenizer.decode, message.token_ids, limiter=self._limiter
+                        )
                         result = DetokenizeResult(text)
                     else:
                         ids = await trio.to_thread.run_sync(self.encode, message, limiter=self._limiter)
@@ -54,8 +55,11 @@ class TokenizerActor(Actor):
                 except Exception as exc:  # a bad template or input fails this request only
                     log.warning("%s failed: %s", type(message).__name__, exc)
                     error = f"{type(exc).__name__}: {exc}"
-                    result = DetokenizeResult("", error) if isinstance(message, DetokenizeRequest) \
+                    result = (
+                        DetokenizeResult("", error)
+                        if isinstance(message, DetokenizeRequest)
                         else TokenizeResult([], error)
+                    )
                 try:
                     message.reply.send_nowait(result)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):

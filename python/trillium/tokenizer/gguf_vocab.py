@@ -55,8 +55,9 @@ def byte_level_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
 
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's reversible byte -> printable unicode character mapping."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     mapping, extra = {}, 0
     for byte in range(256):
         if byte in printable:

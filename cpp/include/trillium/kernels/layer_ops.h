@@ -4,7 +4,7 @@
 // decode batch sizes cost more in per-operation overhead than in arithmetic.
 //
 // Framework-free: raw pointers, sizes and strides in elements; rows may be strided (views of a
-// fused projection). Vectorized with AVX2 when the active kernel ISA (kernel_isa()) allows it,
+// fused projection). Vectorized with AVX2 when the active kernel ISA (trillium/cpu_isa.h) allows it,
 // portable loops otherwise. Results match the torch formulas to fp32 rounding.
 #pragma once
 

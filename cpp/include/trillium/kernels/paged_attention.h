@@ -16,7 +16,8 @@
 //
 // Softmax in fp32 with an online (running max) formulation, accumulation in fp32; no score matrix
 // is ever materialized. Work is split over OpenMP threads by (request, KV head, key range) for
-// decode and (request, KV head, query tile) for extend.
+// decode and (request, KV head, query tile) for extend. The inner loops are those of the active
+// kernel ISA (trillium/cpu_isa.h).
 #pragma once
 
 #include <cstdint>
@@ -62,14 +63,5 @@ Status paged_attention_decode(const PagedAttentionArgs& args);
 // request, causal over cached prefix + new tokens, ragged lengths in one call. Requests with
 // query_len 0 are skipped. kInvalidArgument (nothing written) on bad input.
 Status paged_attention_extend(const PagedAttentionArgs& args);
-
-// The instruction set the CPU kernels use. Chosen once from the running CPU (best available);
-// set_kernel_isa() overrides it for tests and benchmarks (kInvalidArgument if this CPU or build
-// lacks it). Not meant to be changed while kernels run on other threads.
-enum class KernelIsa : int32_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
-KernelIsa kernel_isa();
-bool kernel_isa_supported(KernelIsa isa);
-Status set_kernel_isa(KernelIsa isa);
-const char* kernel_isa_name(KernelIsa isa);
 
 }  // namespace trillium

@@ -70,7 +70,7 @@ struct QuantLinearArgs {
 };
 
 // out = x . W^T + bias. kInvalidArgument (nothing written) for inconsistent sizes or null pointers.
-// Uses AVX2 when the active kernel ISA (kernel_isa(), paged_attention.h) is AVX2 or better, else
+// Uses AVX2 when the active kernel ISA (kernel_isa(), trillium/cpu_isa.h) is AVX2 or better, else
 // a portable scalar path with the same integer arithmetic.
 Status quant_linear(const QuantLinearArgs& args);
 

@@ -1,8 +1,13 @@
-// trillium._cuda: CUDA kernels for NVIDIA GPUs. A separate extension with static cudart, so that
-// `import trillium` works on machines without it; callers import it under try/except ImportError.
-// Tensors cross as integer device pointers (tensor.data_ptr()) plus sizes; streams as integers
-// (torch.cuda.current_stream().cuda_stream), 0 meaning the legacy default stream. The attention and
-// KV-store entry points take the same tuples as trillium._core's (cpp/bindings/kernel_specs.h).
+// trillium._cuda: the binding of the CUDA launchers (cuda/launchers.h). A separate extension with
+// static cudart, so that `import trillium` works on machines without it; callers import it under
+// try/except ImportError. Tensors cross as integer device pointers (tensor.data_ptr()) plus sizes;
+// streams as integers (torch.cuda.current_stream().cuda_stream), 0 meaning the legacy default
+// stream. The attention, KV-store and bitmask entry points take the same named specs as
+// trillium._core's (../kernel_specs.h, ../token_bitmask_spec.h).
+//
+// Error mapping (cudaError_t, not trillium::Status: launchers are CUDA code):
+//   cudaErrorInvalidValue from a launcher (arguments it rejects on the host) -> ValueError
+//   any other CUDA error                                                      -> RuntimeError
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -15,8 +20,8 @@
 
 namespace py = pybind11;
 using trillium::bindings::BatchSpec;
-using trillium::bindings::CacheSpec;
 using trillium::bindings::BitmaskSpec;
+using trillium::bindings::CacheSpec;
 using trillium::bindings::LogitsSpec;
 using trillium::bindings::RowsSpec;
 
@@ -89,7 +94,7 @@ PYBIND11_MODULE(_cuda, m) {
       py::arg("key"), py::arg("value"), py::arg("cache"), py::arg("slot_mapping"), py::arg("num_tokens"),
       py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>(),
       "Asynchronously write key/value rows into their slots (int64 device slot_mapping; negative or "
-      "out-of-pool slots are skipped). Tuples as trillium._core.store_kv.");
+      "out-of-pool slots are skipped). Specs as trillium._core.store_kv.");
 
   m.def(
       "paged_attention",
@@ -102,7 +107,7 @@ PYBIND11_MODULE(_cuda, m) {
       },
       py::arg("query"), py::arg("out"), py::arg("cache"), py::arg("batch"), py::arg("scale"), py::arg("decode"),
       py::arg("max_query_len"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>(),
-      "Asynchronous paged attention (decode or extend) on stream; tuples as trillium._core.paged_attention, "
+      "Asynchronous paged attention (decode or extend) on stream; specs as trillium._core.paged_attention, "
       "device pointers. head_dim 64, 128 or 256. ValueError on arguments the launcher rejects.");
 
   m.def(
