@@ -27,70 +27,12 @@ def load_prompts(path: str | None, n: int, synthetic_words: int, seed: int) -> l
     return [" ".join(rng.choice(_WORDS) for _ in range(synthetic_words)) for _ in range(n)]
 
 
-_WORDS = [
-    "time",
-    "year",
-    "people",
-    "way",
-    "day",
-    "man",
-    "thing",
-    "woman",
-    "life",
-    "child",
-    "world",
-    "school",
-    "state",
-    "family",
-    "student",
-    "group",
-    "country",
-    "problem",
-    "hand",
-    "part",
-    "place",
-    "case",
-    "week",
-    "company",
-    "system",
-    "program",
-    "question",
-    "work",
-    "government",
-    "number",
-    "night",
-    "point",
-    "home",
-    "water",
-    "room",
-    "mother",
-    "area",
-    "money",
-    "story",
-    "fact",
-    "month",
-    "lot",
-    "right",
-    "study",
-    "book",
-    "eye",
-    "job",
-    "word",
-    "business",
-    "issue",
-    "side",
-    "kind",
-    "head",
-    "house",
-    "service",
-    "friend",
-    "father",
-    "power",
-    "hour",
-    "game",
-    "line",
-    "end",
-]
+_WORDS = (
+    "time year people way day man thing woman life child world school state family student group "
+    "country problem hand part place case week company system program question work government "
+    "number night point home water room mother area money story fact month lot right study book eye "
+    "job word business issue side kind head house service friend father power hour game line end"
+).split()
 
 
 async def stream_request(

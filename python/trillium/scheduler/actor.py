@@ -88,12 +88,11 @@ class SchedulerActor(Actor):
         try:
             while True:
                 self._drain_inbox()
+                self._publish_stats()  # what the last step and the messages since then changed
                 if self.policy.has_work():
                     await self._step()
                 else:
-                    self._publish_stats()
                     self._apply(await self.inbox.receive())
-                self._publish_stats()
         finally:
             self._abort_all()
             self._publish_stats()

@@ -6,8 +6,8 @@ ever sees token ids (llama.cpp server's rule).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import msgspec
 import trio
@@ -41,6 +41,8 @@ from trillium.server.schema import (
     structured_param,
 )
 from trillium.structured import CompiledGrammar, GrammarError
+
+T = TypeVar("T")
 
 # Legacy completions default to 16 tokens, as in OpenAI's API; chat defaults to the room left.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -186,24 +188,26 @@ class Routes:
             )
 
     async def _tokenize(self, **kwargs: Any) -> list[int]:
-        if self.draining.is_set():
-            raise overloaded("server is shutting down")
-        try:
-            return await self.client.tokenize(**kwargs)
-        except EngineOverloaded as exc:
-            raise overloaded(str(exc)) from None
-        except TokenizeError as exc:
-            raise APIError(f"could not build the prompt: {exc}", param="messages") from None
+        return await self._ask_tokenizer(
+            lambda: self.client.tokenize(**kwargs), "messages", "could not build the prompt"
+        )
 
     async def _detokenize(self, token_ids: list[int], param: str) -> str:
+        return await self._ask_tokenizer(
+            lambda: self.client.detokenize(token_ids), param, "could not decode the tokens"
+        )
+
+    async def _ask_tokenizer(self, call: Callable[[], Awaitable[T]], param: str, failure: str) -> T:
+        """A tokenizer-actor call with its failures as HTTP errors: 503 while draining or when the
+        actor's inbox is full, 400 naming ``param`` when the input cannot be (de)tokenized."""
         if self.draining.is_set():
             raise overloaded("server is shutting down")
         try:
-            return await self.client.detokenize(token_ids)
+            return await call()
         except EngineOverloaded as exc:
             raise overloaded(str(exc)) from None
         except TokenizeError as exc:
-            raise APIError(f"could not decode the tokens: {exc}", param=param) from None
+            raise APIError(f"{failure}: {exc}", param=param) from None
 
     async def _compile_grammar(
         self, body: ChatCompletionRequest | CompletionRequest, constraint: StructuredOutputs
