@@ -8,9 +8,14 @@ project dependencies.
         --num-requests 64 --max-tokens 64 --out bench/results/compare.json
 
 ``compare`` starts each engine on 127.0.0.1 with the embedded SmolLM2-135M-Instruct (the same
-GGUF for trillium and llama.cpp; its exported fp32 weights in bf16 for vLLM), runs
+GGUF for trillium and llama.cpp; its exported fp32 weights for vLLM), runs
 ``bench/serving.py`` against it with identical settings, stops it, and prints one table with
 trillium / peer ratios. Engines are measured one after another, never at the same time.
+
+Fairness (DESIGN.md section 8): vLLM runs in float32 where the CPU has no native bf16 (emulated
+bf16 is several times slower, not what a user would run) and in bfloat16 where it has; the port
+must be free before an engine starts, and ``/v1/models`` must name the engine that was started
+(``owned_by``), so a stale server on the port can never be measured in its place.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -38,6 +44,14 @@ def default_gguf() -> str:
     from trillium.models.registry import default_model_path
 
     return default_model_path()
+
+
+def vllm_dtype() -> str:
+    """float32 unless this CPU multiplies bf16 natively (trillium's own ``--dtype auto`` rule)."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from trillium.config import cpu_has_native_bf16
+
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
 
 
 def run(cmd: list[str], **kw) -> None:
@@ -155,7 +169,7 @@ def vllm_command(port: int, slots: int) -> list[str]:
         "--port",
         str(port),
         "--dtype",
-        "bfloat16",
+        vllm_dtype(),
         "--max-num-seqs",
         str(max(slots, 1)),
         "--max-model-len",
@@ -176,6 +190,8 @@ def trillium_command(port: int, slots: int) -> list[str]:
 
 
 ENGINES = {"trillium": trillium_command, "llama.cpp": llama_cpp_command, "vllm": vllm_command}
+# What each engine puts in /v1/models' ``owned_by``: the proof that the started engine answers.
+OWNED_BY = {"trillium": "trillium", "llama.cpp": "llamacpp", "vllm": "vllm"}
 ENV = {"vllm": {"VLLM_CPU_OMP_THREADS_BIND": f"0-{THREADS - 1}", "VLLM_CPU_KVCACHE_SPACE": "2"}}
 
 
@@ -194,12 +210,30 @@ def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float = 600) 
     raise RuntimeError(f"{base_url} not healthy after {timeout_s} s")
 
 
+def check_port_free(port: int) -> None:
+    """RuntimeError when something already listens on ``port`` (a stale server would answer)."""
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            raise RuntimeError(f"port {port} is already in use: stop whatever serves there first")
+
+
+def check_engine(base_url: str, engine: str) -> str:
+    """The served model id, after checking that ``engine`` is what answers on ``base_url``."""
+    with urllib.request.urlopen(base_url + "/v1/models", timeout=10) as r:
+        models = json.load(r)["data"]
+    owners = {m.get("owned_by") for m in models}
+    if owners != {OWNED_BY[engine]}:
+        raise RuntimeError(f"{base_url} is not {engine}: /v1/models is owned by {sorted(map(str, owners))}")
+    return str(models[0]["id"])
+
+
 def compare(args) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     slots = max(args.concurrency)
     results = {}
     for engine in args.engines:
         port = args.port
+        check_port_free(port)
         cmd = ENGINES[engine](port, slots)
         log = open(os.path.join(PEERS if os.path.isdir(PEERS) else "/tmp", f"{engine}.log"), "w")  # noqa: SIM115  # the engine's log while it runs
         env = {**os.environ, **ENV.get(engine, {})}
@@ -208,6 +242,8 @@ def compare(args) -> None:
         try:
             base_url = f"http://127.0.0.1:{port}"
             wait_healthy(base_url, proc)
+            model = check_engine(base_url, engine)
+            print(f"== {engine} answers on {base_url} with {model}", file=sys.stderr, flush=True)
             result_file = args.out.replace(".json", f".{engine}.json")
             bench = [
                 PY,
