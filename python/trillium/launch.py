@@ -18,13 +18,11 @@ from trillium.engine.runner import ModelRunner, kv_bytes_per_block
 from trillium.engine_client import EngineClient
 from trillium.models import default_model_path, load_model
 from trillium.models.registry import can_run_quantized
-from trillium.protocol import GrammarStats, SchedulerStats
 from trillium.runtime import (
     GRAMMAR_INBOX_BOUND,
     INBOX_BOUND,
     TOKENIZER_INBOX_BOUND,
     Actor,
-    Snapshot,
     open_inbox,
 )
 from trillium.scheduler import SchedulerConfig
@@ -118,17 +116,13 @@ class Engine:
         scheduler_send, scheduler_recv = open_inbox(INBOX_BOUND)
         tokenizer_send, tokenizer_recv = open_inbox(TOKENIZER_INBOX_BOUND)
         grammar_send, grammar_recv = open_inbox(GRAMMAR_INBOX_BOUND)
-        scheduler_stats = Snapshot(SchedulerStats(num_total_blocks=num_blocks, num_free_blocks=num_blocks))
-        grammar_stats = Snapshot(GrammarStats())
         # Structured output: llguidance's view of the vocabulary, the compile cache, and the
         # step bitmask (one row per running request) that the grammar thread fills.
         compiler = GrammarCompiler(build_ll_tokenizer(self.tokenizer, self.model_config.vocab_size))
-        self.grammar_actor = GrammarActor(compiler, grammar_recv, grammar_stats)
+        self.grammar_actor = GrammarActor(compiler, grammar_recv)
         bitmask_filler = BitmaskFiller(config.max_running, self.model_config.vocab_size)
         kv = KVBlockManager(allocator, config.block_size, tree)
-        self.scheduler = SchedulerActor(
-            scheduler_config, kv, self.runner, scheduler_recv, bitmask_filler, stats=scheduler_stats
-        )
+        self.scheduler = SchedulerActor(scheduler_config, kv, self.runner, scheduler_recv, bitmask_filler)
         self.tokenizer_actor = TokenizerActor(self.tokenizer, tokenizer_recv)
         self.client = EngineClient(
             model_name=model_name,
@@ -138,8 +132,8 @@ class Engine:
             scheduler=scheduler_send,
             tokenizer_inbox=tokenizer_send,
             grammar=grammar_send,
-            scheduler_stats=scheduler_stats,
-            grammar_stats=grammar_stats,
+            scheduler_stats=self.scheduler.stats,
+            grammar_stats=self.grammar_actor.stats,
         )
 
     def actors(self) -> list[Actor]:

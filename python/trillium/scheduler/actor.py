@@ -67,8 +67,6 @@ class SchedulerActor(Actor):
         executor: Executor,
         inbox: trio.MemoryReceiveChannel[AddRequest | AbortRequest],
         bitmask_filler: BitmaskFiller | None = None,
-        *,
-        stats: Snapshot[SchedulerStats] | None = None,
     ) -> None:
         self.policy = SchedulerPolicy(config, kv)
         self.executor = executor
@@ -80,10 +78,10 @@ class SchedulerActor(Actor):
         self.step_seconds = 0.0  # time inside executor.execute, for /stats and benchmarks
         self.num_step_tokens = 0
         # Where /stats and /metrics read this actor's counters: replaced whole, never read back.
-        self.stats = stats if stats is not None else Snapshot(SchedulerStats())
+        self.stats = Snapshot(SchedulerStats())
+        self._publish_stats()  # the empty pool, true before the actor runs
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self._publish_stats()
         task_status.started()
         try:
             while True:

@@ -30,7 +30,6 @@ class GrammarActor(Actor):
         self,
         compiler: GrammarCompiler,
         inbox: trio.MemoryReceiveChannel[object],
-        stats: Snapshot[GrammarStats] | None = None,
         timeout_s: float = COMPILE_TIMEOUT_S,
     ) -> None:
         self.compiler = compiler
@@ -39,7 +38,7 @@ class GrammarActor(Actor):
         self._limiter = trio.CapacityLimiter(GRAMMAR_THREADS)
         self.num_timeouts = 0
         # Where /stats reads this actor's counters: replaced after every answer.
-        self.stats = stats if stats is not None else Snapshot(GrammarStats())
+        self.stats = Snapshot(GrammarStats())
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
