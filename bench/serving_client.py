@@ -68,6 +68,8 @@ async def stream_request(
         async with client.stream("POST", path, json=payload) as r:
             if r.status_code != 200:
                 rec["error"] = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                if r.status_code in (429, 503):  # overload: the server says when to come back
+                    rec["retry_after"] = r.headers.get("retry-after")
                 return rec
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line.strip() == "data: [DONE]":

@@ -23,6 +23,7 @@ class FakeExecutor:
         self.reused: dict[str, list[int]] = {}
         self.steps: list[StepInput] = []
         self.eos_at = eos_at or {}  # request id -> position at which to emit token 0
+        self.num_resets = 0
 
     @staticmethod
     def token_at(position: int, vocab: int = 1000) -> int:
@@ -30,6 +31,12 @@ class FakeExecutor:
 
     def _slot(self, block_ids: list[int], pos: int) -> int:
         return block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def reset(self) -> None:
+        """The scheduler rebuilt its KV pool empty: every slot and request is gone."""
+        self.slots.clear()
+        self.kv.clear()
+        self.num_resets += 1
 
     def execute(self, step_input: StepInput) -> StepOutput:
         self.steps.append(step_input)

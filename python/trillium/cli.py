@@ -21,6 +21,13 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         "if the CPU has native bf16 math, else fp32)",
     )
     parser.add_argument("--max-running", type=int, default=64, help="requests decoding at once")
+    parser.add_argument(
+        "--max-waiting",
+        type=int,
+        default=256,
+        help="requests waiting for a running slot before new ones get 503 + Retry-After (shared fairly by "
+        "tenant: one under its fair share may still queue up to twice this)",
+    )
     parser.add_argument("--max-tokens-per-step", type=int, default=2048, help="token budget of one step")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length limit (default: the model's)")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache size in GiB")
@@ -42,11 +49,33 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")
 
 
+# ``trillium serve --max-*``: one flag per field of ``server.limits.InputLimits`` (its defaults and why).
+_LIMIT_FLAGS = {
+    "max_body_bytes": "request body size; larger is a 413 before it is read (default: 8 MiB)",
+    "max_json_depth": "nesting depth of a JSON schema in a request (default: 64)",
+    "max_messages": "chat messages in one request (default: 2048)",
+    "max_prompt_chars": "prompt or message characters before tokenization, and token ids to detokenize "
+    "(default: 16 x max-model-len, at least 65536)",
+    "max_logit_bias": "logit_bias entries (default: 1024)",
+    "max_stop_chars": "characters of all stop strings together (default: 4096)",
+    "max_output_tokens": "n x max_tokens of one request (default: 4 x max-model-len)",
+    "max_grammar_bytes": "size of a structured-output constraint as JSON (default: 262144)",
+    "max_kv_tokens": "n x (prompt + max_tokens) of one request (default: the KV cache's size in tokens)",
+}
+
+
+def _limit_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("input limits (a request over one is a 4xx naming the field)")
+    for name, help in _LIMIT_FLAGS.items():
+        group.add_argument("--" + name.replace("_", "-"), type=int, default=None, metavar="N", help=help)
+
+
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model,
         dtype=args.dtype,
         max_running=args.max_running,
+        max_waiting=args.max_waiting,
         max_tokens_per_step=args.max_tokens_per_step,
         max_model_len=args.max_model_len,
         kv_cache_gib=args.kv_cache_gib,
@@ -55,6 +84,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         served_model_name=getattr(args, "served_model_name", None),
         enable_prefix_cache=args.enable_prefix_cache,
         weights=args.weights,
+        step_timeout_s=getattr(args, "step_timeout", 30.0),
     )
 
 
@@ -76,6 +106,14 @@ def main(argv: list[str] | None = None) -> int:
         "(default: no keys, no limits, no ledger)",
     )
     serve.add_argument("--log-requests", action="store_true", help="print one JSON line per finished request (stderr)")
+    serve.add_argument(
+        "--step-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a model step running longer than max(this, 10x the recent p99 step) turns /health to 503",
+    )
+    _limit_args(serve)
 
     usage = sub.add_parser("usage", help="per-tenant usage totals from the ledger")
     usage.add_argument("--config", default=None, metavar="FILE", help="the server's config (its ledger path)")
@@ -99,13 +137,19 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from trillium.metering.tenants import load_access_config
         from trillium.serve import run_server
+        from trillium.server.limits import InputLimits
 
         try:
             config = _engine_config(args)
             access = load_access_config(args.config) if args.config else None
+            limits = InputLimits(
+                **{name: getattr(args, name) for name in _LIMIT_FLAGS if getattr(args, name) is not None}
+            )
         except ValueError as exc:
             parser.error(str(exc))
-        return run_server(config, host=args.host, port=args.port, access=access, log_requests=args.log_requests)
+        return run_server(
+            config, host=args.host, port=args.port, access=access, log_requests=args.log_requests, limits=limits
+        )
     if args.command == "usage":
         from trillium.metering.commands import print_usage
 

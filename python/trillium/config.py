@@ -42,9 +42,11 @@ class EngineConfig:
     block_size: int = 16  # tokens per KV block
     kv_cache_gib: float = 1.0  # KV pool size across all layers
     max_running: int = 64  # requests decoding at once
+    max_waiting: int = 256  # requests queued for the scheduler before new ones get 503 (EngineClient)
     max_tokens_per_step: int = 2048  # token budget of one step (chunked prefill size)
     max_model_len: int | None = None  # None = the model's context length
     served_model_name: str | None = None
+    step_timeout_s: float = 30.0  # watchdog: a step longer than max(this, 10x recent p99) -> /health 503
     enable_prefix_cache: bool = True  # reuse cached KV of shared prompt prefixes
     # auto: keep a GGUF file's Q4_0/Q4_1/Q8_0 projections quantized where the C++ kernel runs them
     # (fp32 activations, AVX2 CPU), else dense; quantized: require that; quantized-int8: also round
@@ -61,9 +63,11 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
-        for name in ("block_size", "max_running", "max_tokens_per_step"):
+        for name in ("block_size", "max_running", "max_waiting", "max_tokens_per_step"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.step_timeout_s <= 0:
+            raise ValueError(f"step_timeout_s must be positive, got {self.step_timeout_s}")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
         if self.num_threads is None and os.environ.get("TRILLIUM_NUM_THREADS"):

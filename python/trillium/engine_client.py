@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -44,9 +45,17 @@ from trillium.tokenizer.stop import StopStringMatcher
 
 Reply = TypeVar("Reply")
 
+# Requests that may wait for the scheduler (its waiting queue plus its inbox) before new ones
+# get 503; ``trillium serve --max-waiting``.
+DEFAULT_MAX_WAITING = 256
+
 
 class EngineOverloaded(Exception):
     """An actor's inbox is full: the caller should retry later (HTTP 429/503)."""
+
+
+class ActorFailed(Exception):
+    """The actor failed while it held this request (the supervisor restarts it): HTTP 500."""
 
 
 class TokenizeError(ValueError):
@@ -60,7 +69,8 @@ async def ask(
 
     The request/reply pattern of every actor that answers (tokenizer, grammar): ``reply`` is a
     fresh one-slot channel, so the actor's ``send_nowait`` never blocks it. Raises
-    EngineOverloaded (naming the actor) when the inbox is full; nothing is sent then.
+    EngineOverloaded (naming the actor) when the inbox is full; nothing is sent then; ActorFailed
+    when the actor closed the reply unanswered (it failed while holding the message).
     """
     send, recv = trio.open_memory_channel[Reply](1)
     try:
@@ -68,7 +78,53 @@ async def ask(
     except trio.WouldBlock:
         raise EngineOverloaded(f"{name} queue is full") from None
     async with recv:
-        return await recv.receive()
+        try:
+            return await recv.receive()
+        except trio.EndOfChannel:  # the actor closes every reply it holds when it fails
+            raise ActorFailed(f"the {name} failed while handling this request") from None
+
+
+class FairAdmission:
+    """The waiting queue's bound, held at the front door so that a refused request gets its 503
+    (with ``Retry-After``) before its response starts, shared fairly between tenants:
+
+    - under half full, every request is queued;
+    - from half full, a tenant is refused once it has its fair share of the engine in flight
+      (``(max_running + max_waiting) / tenants in flight``, counting itself);
+    - full, a tenant under its share may still queue (while others are in flight too) up to twice
+      ``max_waiting``: a flood that raced to fill the queue cannot lock another tenant out;
+    - at twice ``max_waiting``, every request is refused.
+
+    So a tenant at its share stops at half the queue, and one under its share finds room; the
+    queue holds at most ``2 x max_waiting`` (plus what the stats snapshot has not counted yet, at
+    most the inbox bound), and a lone tenant at most ``max_waiting``. The scheduler's fair queue
+    decides the order.
+    """
+
+    def __init__(self, max_running: int, max_waiting: int) -> None:
+        if max_waiting < 1:
+            raise ValueError(f"max_waiting must be at least 1, got {max_waiting}")
+        self.max_running = max_running
+        self.max_waiting = max_waiting
+        self.in_flight: Counter[str] = Counter()  # per tenant: streams opened and not ended
+
+    def check(self, tenant: str, num_waiting: int) -> None:
+        """Raises EngineOverloaded if ``tenant`` may not queue a request while ``num_waiting`` wait."""
+        num_tenants = len(self.in_flight) + (tenant not in self.in_flight)
+        under_share = self.in_flight[tenant] * num_tenants < self.max_running + self.max_waiting
+        full = num_waiting >= self.max_waiting and (num_tenants == 1 or not under_share)
+        if full or num_waiting >= 2 * self.max_waiting:
+            raise EngineOverloaded(f"scheduler queue is full ({num_waiting} requests waiting)")
+        if 2 * num_waiting >= self.max_waiting and not under_share:
+            raise EngineOverloaded("scheduler queue is busy and this tenant has its fair share in flight")
+
+    def opened(self, tenant: str) -> None:
+        self.in_flight[tenant] += 1
+
+    def ended(self, tenant: str) -> None:
+        self.in_flight[tenant] -= 1
+        if self.in_flight[tenant] <= 0:
+            del self.in_flight[tenant]
 
 
 class EngineClient:
@@ -90,10 +146,14 @@ class EngineClient:
         grammar: trio.MemorySendChannel[Any],
         scheduler_stats: Snapshot[SchedulerStats],
         grammar_stats: Snapshot[GrammarStats],
+        max_running: int = 64,
+        max_waiting: int = DEFAULT_MAX_WAITING,
+        num_kv_tokens: int | None = None,
     ) -> None:
         self.model_name = model_name
         self.model_config = model_config
         self.max_model_len = max_model_len
+        self.num_kv_tokens = num_kv_tokens  # the KV pool's capacity (None: unknown); read-only
         self.tokenizer = tokenizer
         self._scheduler = scheduler
         self._tokenizer = tokenizer_inbox
@@ -101,6 +161,7 @@ class EngineClient:
         self._scheduler_stats = scheduler_stats
         self._grammar_stats = grammar_stats
         self._ids = itertools.count()
+        self.admission = FairAdmission(max_running, max_waiting)
 
     def new_request_id(self, prefix: str = "req") -> str:
         return f"{prefix}-{next(self._ids)}"
@@ -152,6 +213,13 @@ class EngineClient:
         grammar: CompiledGrammar = result.grammar  # protocol/ carries it untyped (no upward import)
         return grammar
 
+    def check_admission(self, tenant: str) -> None:
+        """Raises EngineOverloaded if ``tenant`` may not queue a request now (:class:`FairAdmission`).
+        :meth:`submit` checks; callers may check first to refuse before costlier work."""
+        # Waiting: as the scheduler last published it, plus the messages it has not drained yet.
+        num_waiting = self._scheduler_stats.latest.num_requests_waiting
+        self.admission.check(tenant, num_waiting + self._scheduler.statistics().current_buffer_used)
+
     def submit(
         self,
         request_id: str,
@@ -159,13 +227,18 @@ class EngineClient:
         sampling: SamplingParams,
         cache_salt: str | None = None,
         grammar: CompiledGrammar | None = None,
+        *,
+        tenant: str = "",
+        priority: int = 0,
     ) -> Mailbox[TokenDelta]:
-        """Queue a request; its deltas arrive in the returned mailbox. Raises EngineOverloaded, or
+        """Queue a request; its deltas arrive in the returned mailbox. Raises EngineOverloaded (the
+        waiting queue is full, or ``tenant`` has its share of it: :class:`FairAdmission`), or
         SamplingParamError for token ids outside the vocabulary.
         A request with ``sampling.structured`` needs its ``grammar`` from :meth:`compile_grammar`."""
         if (sampling.structured is None) != (grammar is None):
             raise ValueError("a constrained request needs its compiled grammar (and only it)")
         sampling.check_vocab(self.model_config.vocab_size)  # SamplingParamError (a ValueError)
+        self.check_admission(tenant)
         mailbox: Mailbox[TokenDelta] = Mailbox(merge_deltas)
         message = AddRequest(
             request_id=request_id,
@@ -175,6 +248,8 @@ class EngineClient:
             arrival_time=time.monotonic(),
             cache_salt=cache_salt,
             grammar=grammar,
+            tenant=tenant,
+            priority=priority,
         )
         try:
             self._scheduler.send_nowait(message)
@@ -189,10 +264,20 @@ class EngineClient:
         sampling: SamplingParams,
         cache_salt: str | None = None,
         grammar: CompiledGrammar | None = None,
+        *,
+        tenant: str = "",
+        priority: int = 0,
     ) -> RequestStream:
-        """Submit a request and return its text stream. Raises EngineOverloaded."""
-        mailbox = self.submit(request_id, prompt_token_ids, sampling, cache_salt, grammar)
-        return RequestStream(self, request_id, len(prompt_token_ids), sampling, mailbox)
+        """Submit a request and return its text stream. Raises EngineOverloaded. ``tenant`` (whose
+        fair share it uses) and ``priority`` (inside the tenant, lower first): see
+        ``scheduler/fair_queue.py``; the stream counts in its tenant's share until it ends."""
+        mailbox = self.submit(
+            request_id, prompt_token_ids, sampling, cache_salt, grammar, tenant=tenant, priority=priority
+        )
+        self.admission.opened(tenant)
+        return RequestStream(
+            self, request_id, len(prompt_token_ids), sampling, mailbox, on_end=lambda: self.admission.ended(tenant)
+        )
 
     def abort(self, request_id: str, mailbox: Mailbox[TokenDelta] | None = None) -> None:
         """Abort without awaiting (safe in ``finally`` blocks). The closed mailbox is the fallback
@@ -238,6 +323,7 @@ class RequestStream:
         num_prompt_tokens: int,
         sampling: SamplingParams,
         mailbox: Mailbox[TokenDelta],
+        on_end: Callable[[], None] | None = None,
     ) -> None:
         self.client = client
         self.request_id = request_id
@@ -254,6 +340,7 @@ class RequestStream:
         self.queue_time: float | None = None
         self._mailbox = mailbox
         self._engine_done = False  # the engine finished or was told to abort
+        self._on_end = on_end  # called once, when the engine is done with the request
         self._detok = IncrementalDetokenizer(client.tokenizer, skip_special_tokens=sampling.skip_special_tokens)
         self._stop = StopStringMatcher(sampling.stop)
 
@@ -267,6 +354,7 @@ class RequestStream:
             delta = await self._mailbox.get()
         except MailboxClosed:
             self._engine_done = True
+            self._ended()
             self.finish_reason = FinishReason.ABORT
             return StreamOutput("", [], FinishReason.ABORT)
         self.num_completion_tokens += len(delta.token_ids)
@@ -277,6 +365,8 @@ class RequestStream:
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         reason = delta.finish_reason
         self._engine_done = reason is not None
+        if self._engine_done:
+            self._ended()
         text = self._detok.add(delta.token_ids)
         if reason is not None:
             text += self._detok.flush()
@@ -304,4 +394,10 @@ class RequestStream:
         if self._engine_done:
             return
         self._engine_done = True
+        self._ended()
         self.client.abort(self.request_id, self._mailbox)
+
+    def _ended(self) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end()

@@ -122,7 +122,9 @@ class Engine:
         self.grammar_actor = GrammarActor(compiler, grammar_recv)
         bitmask_filler = BitmaskFiller(config.max_running, self.model_config.vocab_size)
         kv = KVBlockManager(allocator, config.block_size, tree)
-        self.scheduler = SchedulerActor(scheduler_config, kv, self.runner, scheduler_recv, bitmask_filler)
+        self.scheduler = SchedulerActor(
+            scheduler_config, kv, self.runner, scheduler_recv, bitmask_filler, step_timeout_s=config.step_timeout_s
+        )
         self.tokenizer_actor = TokenizerActor(self.tokenizer, tokenizer_recv)
         self.client = EngineClient(
             model_name=model_name,
@@ -134,6 +136,9 @@ class Engine:
             grammar=grammar_send,
             scheduler_stats=self.scheduler.stats,
             grammar_stats=self.grammar_actor.stats,
+            max_running=config.max_running,
+            max_waiting=config.max_waiting,
+            num_kv_tokens=num_blocks * config.block_size,
         )
 
     def actors(self) -> list[Actor]:

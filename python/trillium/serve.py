@@ -9,9 +9,10 @@ import trio
 from trillium.config import EngineConfig
 from trillium.launch import Engine
 from trillium.metering import AccessConfig, MeteringActor, Metrics, request_log
-from trillium.runtime import Supervisor
+from trillium.runtime import Health, Snapshot, Supervisor
 from trillium.server.accounting import Accounting
 from trillium.server.actor import FrontendActor
+from trillium.server.limits import InputLimits
 
 log = logging.getLogger("trillium")
 
@@ -24,12 +25,15 @@ async def serve_engine(
     handle_signals: bool = True,
     access: AccessConfig | None = None,
     log_requests: bool = False,
+    limits: InputLimits | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
-) -> None:
+) -> int:
     """Serve until SIGINT/SIGTERM (or cancellation); reports the bound URLs once listening.
+    Returns the exit code: 0, or 1 when an actor failed past its restart budget.
 
     ``access`` (tenants, keys, limits, ledger path) turns on API keys, quotas and the usage
-    ledger; ``log_requests`` prints one JSON line per finished request. Either starts the
+    ledger; ``log_requests`` prints one JSON line per finished request; ``limits`` bound what one
+    request may ask (default: :class:`InputLimits`' defaults). Either of the first two starts the
     metering actor, which the supervisor stops last so that it writes every record."""
     draining = trio.Event()
     metering = None
@@ -46,22 +50,41 @@ async def serve_engine(
         access,
         metering.sink if metering is not None else None,
     )
-    frontend = FrontendActor(client, draining, host=host, port=port, accounting=accounting)
+    health = Snapshot(Health())
+    frontend = FrontendActor(
+        client, draining, host=host, port=port, accounting=accounting, health=health, limits=limits
+    )
     supervisor = Supervisor(
-        [*engine.actors(), frontend], draining=draining, sinks=[metering] if metering is not None else []
+        [*engine.actors(), frontend],
+        draining=draining,
+        sinks=[metering] if metering is not None else [],
+        health=health,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(lambda task_status: supervisor.run(handle_signals=handle_signals, task_status=task_status))
         task_status.started(frontend.bound_urls)
+    return supervisor.exit_code
 
 
 def run_server(
-    config: EngineConfig, *, host: str, port: int, access: AccessConfig | None = None, log_requests: bool = False
+    config: EngineConfig,
+    *,
+    host: str,
+    port: int,
+    access: AccessConfig | None = None,
+    log_requests: bool = False,
+    limits: InputLimits | None = None,
 ) -> int:
     engine = Engine(config)
+    code = 0
     try:
-        trio.run(lambda: serve_engine(engine, host=host, port=port, access=access, log_requests=log_requests))
+        code = trio.run(
+            lambda: serve_engine(engine, host=host, port=port, access=access, log_requests=log_requests, limits=limits)
+        )
     except KeyboardInterrupt:
         log.info("interrupted")
-    log.info("stopped")
-    return 0
+    if code == 0:
+        log.info("stopped")
+    else:
+        log.error("stopped after a failure (exit code %d)", code)
+    return code

@@ -21,7 +21,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *extra_args: str) -> None:
+    def __init__(self, *extra_args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(tempfile.gettempdir(), f"trillium-test-server-{self.port}.log")
@@ -30,7 +30,7 @@ class ServerProcess:
             [sys.executable, "-m", "trillium.cli", "serve", "--port", str(self.port), *extra_args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:

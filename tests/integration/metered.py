@@ -57,11 +57,17 @@ def write_config(directory: Path, admin_hash: str, tenants: dict[str, dict] | No
 class MeteredServer:
     """A ServerProcess with ``--config``, its admin key and its ledger."""
 
-    def __init__(self, directory: Path, *extra_args: str, tenants: dict[str, dict] | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *extra_args: str,
+        tenants: dict[str, dict] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.admin_key, admin_hash = new_admin_key()
         self.config_path = write_config(directory, admin_hash, tenants)
         self.ledger_path = directory / "ledger" / "usage.sqlite"
-        self.process = ServerProcess(*SERVER_ARGS, "--config", str(self.config_path), *extra_args)
+        self.process = ServerProcess(*SERVER_ARGS, "--config", str(self.config_path), *extra_args, env=env)
         self.base_url = self.process.base_url
 
     def stop(self, *args, **kwargs) -> int:

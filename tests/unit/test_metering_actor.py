@@ -145,6 +145,7 @@ class _LateSender(Actor):
     name = "late-sender"
 
     def __init__(self, sink) -> None:
+        super().__init__()
         self.sink = sink
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -20,6 +20,7 @@ BAD = [
     ("repetition_penalty", 0.0),
     ("min_tokens", -1),
     ("stop", ["x"] * 17),
+    ("stop_token_ids", [1] * 1025),
     ("seed", 2**64),
     ("seed", -(2**63) - 1),
     ("logprobs", 21),

@@ -16,7 +16,7 @@ import trio.testing
 from tests.fakes import FakeExecutor
 from trillium import _core
 from trillium.protocol import AbortRequest, AddRequest, FinishReason, SamplingParams
-from trillium.runtime import Mailbox, MailboxClosed, open_inbox
+from trillium.runtime import Mailbox, MailboxClosed, Supervisor, open_inbox
 from trillium.scheduler import SchedulerConfig
 from trillium.scheduler.actor import SchedulerActor, merge_deltas
 from trillium.scheduler.kv_manager import KVBlockManager
@@ -129,16 +129,33 @@ async def test_consumer_leaving_aborts_without_a_message():
         nursery.cancel_scope.cancel()
 
 
-async def test_failing_step_fails_its_requests_and_the_actor_keeps_serving():
+async def test_failing_step_fails_every_request_in_flight_rebuilds_the_pool_and_serves_again():
+    """A step raises: running and waiting requests get ERROR, the KV pool is rebuilt empty, the
+    exception reaches the supervisor, which restarts the actor; then it serves again."""
+    send, recv = open_inbox(8)
+    executor = SlowExecutor(BLOCK, fail_on="bad", gated=True)
+    kv = KVBlockManager(_core.BlockAllocator(64), BLOCK, None)
+    config = SchedulerConfig(block_size=BLOCK, max_running=1, eos_token_ids=frozenset({0}))
+    actor = SchedulerActor(config, kv, executor, recv)
+    supervisor = Supervisor([actor])
     async with trio.open_nursery() as nursery:
-        send, allocator, _, _ = await start(nursery, executor=SlowExecutor(BLOCK, fail_on="bad"))
+        await nursery.start(lambda task_status: supervisor.run(handle_signals=False, task_status=task_status))
         bad = submit(send, "bad")
-        delta = await bad.get()
-        assert delta.finish_reason == FinishReason.ERROR and "boom" in delta.error
+        waiting = submit(send, "waiting")  # max_running=1: it waits behind "bad"
+        while actor.policy.num_waiting < 1 or actor._step_limiter.borrowed_tokens == 0:
+            await trio.sleep(0.001)  # until "bad" is in its step and "waiting" is queued
+        executor.gate.set()
+        for box in (bad, waiting):
+            delta = await box.get()
+            assert delta.finish_reason == FinishReason.ERROR and "boom" in delta.error
         good_tokens, reason = await collect(submit(send, "good"))
         assert reason == FinishReason.LENGTH and len(good_tokens) == 6
-        assert allocator.num_free_blocks == allocator.num_total_blocks
-        nursery.cancel_scope.cancel()
+        assert supervisor.num_restarts == 1 and executor.num_resets == 1
+        pool = actor.policy.kv
+        assert pool is not kv and pool.num_free_blocks == pool.num_total_blocks == 64
+        assert actor.stats.latest.num_requests_running == 0
+        supervisor.request_shutdown()
+    assert supervisor.exit_code == 0
 
 
 async def test_full_inbox_is_backpressure_not_a_queue():
@@ -192,4 +209,26 @@ async def test_stats_are_published_as_snapshots():
         assert idle.num_steps == 0  # earlier snapshots are never changed
         with pytest.raises(AttributeError):
             done.num_steps = 0  # frozen
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_step_past_its_time_limit_makes_the_actor_not_live():
+    send, recv = open_inbox(8)
+    executor = SlowExecutor(BLOCK, gated=True)
+    kv = KVBlockManager(_core.BlockAllocator(64), BLOCK)
+    actor = SchedulerActor(SchedulerConfig(block_size=BLOCK), kv, executor, recv, step_timeout_s=0.05)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.run)
+        box = submit(send, "slow")
+        while actor._step_limiter.borrowed_tokens == 0:
+            await trio.sleep(0.001)
+        assert actor.liveness(time.monotonic()) is None
+        await trio.sleep(0.1)
+        assert "model step running for" in actor.liveness(time.monotonic())
+        executor.gate.set()
+        await collect(box)
+        assert actor.liveness(time.monotonic()) is None
+        # The limit follows the recent steps' p99 once it is above the floor.
+        actor._recent_steps.extend([1.0] * 100)
+        assert actor.step_limit() == pytest.approx(10.0)
         nursery.cancel_scope.cancel()

@@ -40,6 +40,12 @@ class ModelRunner:
         self.kv_caches = model.allocate_kv_caches(num_blocks, block_size, dtype, device)
         self._generators: dict[str, torch.Generator] = {}
 
+    def reset(self) -> None:
+        """Forget every request (after a failure, when the scheduler rebuilds the KV pool empty).
+        The KV tensors are kept as they are: a block is always written before it is read, and
+        the rebuilt prefix cache holds nothing, so no stale K/V can reach an attention."""
+        self._generators.clear()
+
     @torch.inference_mode()
     def execute(self, step_input: StepInput) -> StepOutput:
         for request_id in step_input.finished_request_ids:

@@ -8,7 +8,9 @@ No record is lost: the inbox holds :data:`~trillium.runtime.METERING_INBOX_BOUND
 the frontend admits a request only while a slot is free for its record
 (:meth:`UsageSink.has_room`), counting the requests in flight, so ``send`` never finds the inbox
 full. The supervisor stops this actor after the actors that feed it (a *sink*):
-:meth:`MeteringActor.stop` makes it write what is queued and return.
+:meth:`MeteringActor.stop` makes it write what is queued and return. If the actor fails, the
+records it had taken but not written stay in :attr:`MeteringActor.pending` and are written first
+when the supervisor restarts it; the inbox itself survives the restart.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import trio
 
 from trillium.metering.ledger import Ledger
 from trillium.protocol.usage import TenantUsage, UsageQuery, UsageRecord
-from trillium.runtime import METERING_INBOX_BOUND, Sink, open_inbox
+from trillium.runtime import METERING_INBOX_BOUND, Sink, faults, open_inbox
 
 log = logging.getLogger("trillium.metering")
 
@@ -82,9 +84,12 @@ class MeteringActor(Sink):
         request_log: Callable[[list[UsageRecord]], None] | None = None,
         bound: int = METERING_INBOX_BOUND,
     ) -> None:
+        send, inbox = open_inbox(bound)
+        super().__init__(inbox)
+        self._inbox = inbox
         self.ledger_path = ledger_path
         self.request_log = request_log
-        send, self._inbox = open_inbox(bound)
+        self.pending: list[_Item] = []  # taken from the inbox, not yet written (kept across a failure)
         self.sink = UsageSink(send, bound)
         self._ledger: Ledger | None = None
         self._writer = trio.CapacityLimiter(1)  # one ledger call at a time (sqlite connection)
@@ -94,27 +99,39 @@ class MeteringActor(Sink):
         self.num_batches = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        if self.ledger_path is not None:
+        if self.ledger_path is not None and self._ledger is None:
             self._ledger = await trio.to_thread.run_sync(Ledger, self.ledger_path, limiter=self._writer)
             log.info("usage ledger: %s", self.ledger_path)
         task_status.started()
         try:
             while not self._stopping:
-                items: list[_Item] = []
-                with trio.CancelScope() as self._wait_scope:  # stop() cancels only this wait
-                    items.append(await self._inbox.receive())
+                if not self.pending:
+                    with trio.CancelScope() as self._wait_scope:  # stop() cancels only this wait
+                        self.pending.append(await self._inbox.receive())
+                    self.took_message()
+                self.pending.extend(self._drain())
                 # Shielded: what has left the inbox must reach the disk even when a cancellation
                 # arrives meanwhile; the next receive() is where cancellation takes effect.
                 with trio.CancelScope(shield=True):
-                    await self._handle(items + self._drain())
-        finally:
-            # Whatever is queued now goes to disk, even if we are being cancelled.
-            with trio.CancelScope(shield=True), trio.move_on_after(FLUSH_TIMEOUT) as scope:
-                await self._handle(self._drain())
-                if self._ledger is not None:
-                    await trio.to_thread.run_sync(self._ledger.close, limiter=self._writer)
-            if scope.cancelled_caught:
-                log.error("metering: final flush did not finish in %.0fs", FLUSH_TIMEOUT)
+                    await self._handle(self.pending)
+                self.pending = []
+        except Exception:
+            # A failure: ``pending`` is written when the supervisor restarts us (ledger kept open).
+            raise
+        except BaseException:
+            await self._final_flush()
+            raise
+        await self._final_flush()
+
+    async def _final_flush(self) -> None:
+        """Whatever is taken or queued now goes to disk, even if we are being cancelled."""
+        with trio.CancelScope(shield=True), trio.move_on_after(FLUSH_TIMEOUT) as scope:
+            await self._handle(self.pending + self._drain())
+            self.pending = []
+            if self._ledger is not None:
+                await trio.to_thread.run_sync(self._ledger.close, limiter=self._writer)
+        if scope.cancelled_caught:
+            log.error("metering: final flush did not finish in %.0fs", FLUSH_TIMEOUT)
 
     def stop(self) -> None:
         """Write what is queued and return from :meth:`run` (the feeding actors are done)."""
@@ -135,6 +152,7 @@ class MeteringActor(Sink):
 
     async def _handle(self, items: list[_Item]) -> None:
         """Write the records in ``items``, answering each query after the records before it."""
+        await faults.ahit("metering.write")
         records: list[UsageRecord] = []
         for item in items:
             if isinstance(item, UsageQuery):

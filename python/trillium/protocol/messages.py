@@ -29,6 +29,7 @@ class FinishReason(enum.IntEnum):
 
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_TOKEN_IDS = 1024  # each generated token is looked up in them
 MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
 # Seeds seed a torch.Generator, which takes a 64-bit value (negative ones wrap, as in torch).
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -93,6 +94,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise SamplingParamError("min_tokens", f"must be between 0 and max_tokens, got {self.min_tokens}")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise SamplingParamError("stop", f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise SamplingParamError("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} token ids are allowed")
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise SamplingParamError("seed", f"must be between {SEED_MIN} and {SEED_MAX}, got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
@@ -133,6 +136,8 @@ class AddRequest(msgspec.Struct, gc=False, kw_only=True):
     arrival_time: float = 0.0
     cache_salt: str | None = None  # isolates this tenant's prefix cache entries
     grammar: Any = None  # structured.CompiledGrammar for ``sampling.structured`` (compiled by the grammar actor)
+    tenant: str = ""  # whose fair share of the scheduler it uses (API key's tenant, else ``user``)
+    priority: int = 0  # inside its tenant: lower is scheduled sooner (vLLM's ``priority``)
 
 
 class AbortRequest(msgspec.Struct, array_like=True, gc=False):

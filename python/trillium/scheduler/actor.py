@@ -5,10 +5,20 @@ for HTTP, ``/health`` included) → update requests and deliver :class:`TokenDel
 :class:`SchedulerStats` snapshot. Messages that arrive while a step runs wait in the bounded
 inbox and are applied before the next schedule, so the policy is only ever touched from the
 event loop.
+
+Failure: if a step raises (the model runner) or the actor's own code does, every request in
+flight -- running or waiting -- gets an error delta, the KV pool is rebuilt empty (a fresh
+allocator and prefix cache: the K/V and bookkeeping of a failed step cannot be trusted), and the
+exception goes on to the supervisor, which restarts the actor as its policy allows. Requests
+queued in the inbox meanwhile are served after the restart.
+
+Watchdog: :meth:`SchedulerActor.liveness` reports a step that has run longer than
+``max(step_timeout_factor x the p99 of recent steps, step_timeout_s)``.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from typing import TYPE_CHECKING, Protocol
@@ -24,7 +34,7 @@ from trillium.protocol import (
     StepOutput,
     TokenDelta,
 )
-from trillium.runtime import Actor, Snapshot
+from trillium.runtime import Actor, Snapshot, faults
 from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace
 from trillium.scheduler.policy import RequestUpdate, SchedulerConfig, SchedulerPolicy, StepPlan
 from trillium.scheduler.request import Request
@@ -39,6 +49,9 @@ class Executor(Protocol):
     """Runs one step. Called from a worker thread; must not touch scheduler state."""
 
     def execute(self, step_input: StepInput) -> StepOutput: ...
+
+    def reset(self) -> None:
+        """Forget every request (after a failure; the KV pool is rebuilt empty)."""
 
 
 def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
@@ -55,6 +68,12 @@ def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
     )
 
 
+# The watchdog's step limit: max(factor x p99 of the last RECENT_STEPS steps, floor).
+STEP_TIMEOUT_S = 30.0
+STEP_TIMEOUT_FACTOR = 10.0
+RECENT_STEPS = 512
+
+
 class SchedulerActor(Actor):
     """Owns the policy and the executor thread; the only writer of KV bookkeeping."""
 
@@ -67,10 +86,18 @@ class SchedulerActor(Actor):
         executor: Executor,
         inbox: trio.MemoryReceiveChannel[AddRequest | AbortRequest],
         bitmask_filler: BitmaskFiller | None = None,
+        *,
+        step_timeout_s: float = STEP_TIMEOUT_S,
+        step_timeout_factor: float = STEP_TIMEOUT_FACTOR,
     ) -> None:
+        super().__init__(inbox)
         self.policy = SchedulerPolicy(config, kv)
         self.executor = executor
-        self.inbox = inbox
+        self._inbox = inbox
+        self.step_timeout_s = step_timeout_s
+        self.step_timeout_factor = step_timeout_factor
+        self._step_started: float | None = None  # monotonic start of the step in the executor
+        self._recent_steps: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
         self.bitmask_filler = bitmask_filler  # structured output: fills masks while the model runs
         # One model step at a time: the executor owns the model and the KV tensors.
         self._step_limiter = trio.CapacityLimiter(1)
@@ -90,19 +117,57 @@ class SchedulerActor(Actor):
                 if self.policy.has_work():
                     await self._step()
                 else:
-                    self._apply(await self.inbox.receive())
+                    message = await self._inbox.receive()
+                    self.took_message()
+                    self._apply(message)
+        except Exception as exc:
+            self._fail_all(exc)
+            raise
         finally:
-            self._abort_all()
+            self._abort_all()  # shutdown: what is left is aborted, not failed
             self._publish_stats()
+
+    def liveness(self, now: float) -> str | None:
+        """A step running past its limit (the model hung, or is far slower than it was)."""
+        started = self._step_started
+        if started is None:
+            return None
+        limit = self.step_limit()
+        if now - started <= limit:
+            return None
+        return f"model step running for {now - started:.0f} s (limit {limit:.0f} s)"
+
+    def step_limit(self) -> float:
+        """Seconds a step may take before the watchdog reports it."""
+        recent = sorted(self._recent_steps)
+        p99 = recent[int(0.99 * (len(recent) - 1))] if recent else 0.0
+        return max(self.step_timeout_factor * p99, self.step_timeout_s)
+
+    def inbox_backlog(self) -> int:
+        """While a step runs, messages wait by design; the step limit covers a stuck step."""
+        return 0 if self._step_started is not None else super().inbox_backlog()
+
+    def _fail_all(self, error: BaseException) -> None:
+        """Fail every request in flight and rebuild the KV pool empty (see the module docstring)."""
+        requests = list(self.policy.requests.values())
+        log.error("scheduler failed; failing its %d requests and rebuilding the KV pool", len(requests))
+        message = f"internal error: {type(error).__name__}: {error}"
+        for request in requests:
+            self._deliver_error(request, message)
+        self.policy = SchedulerPolicy(self.policy.config, self.policy.kv.rebuilt())
+        self.executor.reset()
+        self._step_started = None
+        self._publish_stats()
 
     # ---- messages ----------------------------------------------------------------------------
 
     def _drain_inbox(self) -> None:
         while True:
             try:
-                message = self.inbox.receive_nowait()
+                message = self._inbox.receive_nowait()
             except trio.WouldBlock:
                 return
+            self.took_message()
             self._apply(message)
 
     def _apply(self, message: AddRequest | AbortRequest) -> None:
@@ -128,6 +193,8 @@ class SchedulerActor(Actor):
             arrival_time=message.arrival_time or None,
             cache_namespace=cache_namespace(self.policy.config.model_key, message.cache_salt),
             matcher=None if message.grammar is None else message.grammar.new_matcher(),
+            tenant=message.tenant,
+            priority=message.priority,
         )
         try:
             if max_tokens < 1:
@@ -143,46 +210,52 @@ class SchedulerActor(Actor):
 
     async def _step(self) -> None:
         """One step: schedule → run → update (and deliver)."""
+        await faults.ahit("scheduler.step")
         self._abort_disconnected()
         plan = self.policy.schedule()
         self._publish_stats()  # admissions and preemptions show while the step runs
         if not plan.scheduled:
             await self._wait_for_room()
             return
-        output = await self._run(plan)
-        if output is not None:
-            self._update(plan, output)
+        self._update(plan, await self._run(plan))
 
     async def _wait_for_room(self) -> None:
         """Nothing fits right now: wait briefly for a message (an abort may free blocks) rather
         than spin."""
         with trio.move_on_after(0.05):
-            self._apply(await self.inbox.receive())
+            message = await self._inbox.receive()
+            self.took_message()
+            self._apply(message)
 
-    async def _run(self, plan: StepPlan) -> StepOutput | None:
-        """Run the plan's step in the executor thread (masks filled meanwhile). On failure, fail
-        its requests with ERROR (blocks freed, the server keeps serving) and return None."""
+    async def _run(self, plan: StepPlan) -> StepOutput:
+        """Run the plan's step in the executor thread (masks filled meanwhile). Raises what the
+        executor raised (the actor fails: see the module docstring)."""
         step_bitmask = self._begin_bitmask(plan)
         now = time.monotonic()
         for request, _ in plan.scheduled:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now  # its queue time ends here (metering)
         start = time.perf_counter()
+        self._step_started = time.monotonic()
         try:
             output = await trio.to_thread.run_sync(
-                self.executor.execute, plan.step_input, limiter=self._step_limiter, abandon_on_cancel=False
+                self._execute, plan.step_input, limiter=self._step_limiter, abandon_on_cancel=False
             )
-        except Exception as exc:  # one bad step must not take the server down
-            log.exception("step failed; failing its %d requests", len(plan.scheduled))
-            for request in self.policy.fail(plan):
-                self._deliver_error(request, f"internal error: {type(exc).__name__}: {exc}")
-            return None
+        finally:
+            self._step_started = None
+        seconds = time.perf_counter() - start
+        self._recent_steps.append(seconds)
         self.num_steps += 1
-        self.step_seconds += time.perf_counter() - start
+        self.step_seconds += seconds
         self.num_step_tokens += sum(n for _, n in plan.scheduled)
         if self.bitmask_filler is not None:
             self.bitmask_filler.end_step(step_bitmask)  # the runner waited for the fill before sampling
         return output
+
+    def _execute(self, step_input: StepInput) -> StepOutput:
+        """In the executor thread."""
+        faults.hit("runner.execute")
+        return self.executor.execute(step_input)
 
     def _update(self, plan: StepPlan, output: StepOutput) -> None:
         """Apply the step's tokens to the requests and deliver each one's delta."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
+from trillium import _core
 from trillium.scheduler.request import Request
 
 if TYPE_CHECKING:
@@ -123,6 +124,14 @@ class KVBlockManager:
         request.block_ids = []
         request.num_computed_tokens = 0
         request.num_inserted_blocks = 0
+
+    def rebuilt(self) -> KVBlockManager:
+        """A manager over a fresh allocator (and prefix cache, if this one has one) of the same
+        size: every reference and cached prefix dropped. For recovery after a failed step; the
+        old allocator and tree are left to the requests' bookkeeping that still points at them."""
+        allocator = _core.BlockAllocator(self.num_total_blocks)
+        tree = _core.RadixTree(allocator, self.block_size) if self.tree is not None else None
+        return KVBlockManager(allocator, self.block_size, tree)
 
     def check_invariants(self) -> None:
         self.allocator.check_invariants()

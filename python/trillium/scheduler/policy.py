@@ -1,21 +1,30 @@
 """The scheduling policy: pure, synchronous, unit-testable (no Trio, no torch).
 
 There are no prefill and decode phases. Every step hands out a token budget: running
-requests first (oldest first), then waiting ones (FIFO). A request gets
+requests first (oldest first), then waiting ones, in the order of the fair queue
+(``fair_queue.py``: fair between tenants, by priority then arrival inside one). A request gets
 ``min(num_tokens - num_computed_tokens, budget left)`` tokens, so long prompts are chunked
 across steps and decodes of other requests are never starved behind them. When the block
-pool runs dry, the newest running request is preempted by recompute: its blocks are freed
-and it goes back to the front of the waiting queue with ``num_computed_tokens = 0`` (its
-computed blocks stay in the prefix cache, so readmission recomputes only what was evicted).
-At admission a request first reuses the longest cached prefix of its tokens.
+pool runs dry, a running request is preempted by recompute, picked by the same fairness rule:
+from the tenant holding the most blocks, its lowest-priority, newest request. Its blocks are
+freed and it goes back to the front of its tenant's queue with ``num_computed_tokens = 0`` (its
+computed blocks stay in the prefix cache, so readmission recomputes only what was evicted); a
+step that preempted admits nothing new (vLLM's rule: the freed blocks go to the running
+requests that needed them). Running slots are shared the same way: when all ``max_running``
+are taken and a waiting tenant runs fewer than its share (``max_running`` / tenants running or
+waiting), the tenant running the most gives up one request for it (queue order alone would
+make it wait for a slot to free, a whole generation when a flood's requests end together).
+At admission a request first reuses the longest cached prefix of its tokens. The waiting
+queue's bound is held at the front door (``EngineClient``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
+from collections import Counter
 
 from trillium.protocol import FinishReason, ScheduledRequest, StepInput, StepOutput
+from trillium.scheduler.fair_queue import FairQueue
 from trillium.scheduler.kv_manager import KVBlockManager
 from trillium.scheduler.request import Request, RequestStatus
 
@@ -57,7 +66,7 @@ class SchedulerPolicy:
     def __init__(self, config: SchedulerConfig, kv: KVBlockManager) -> None:
         self.config = config
         self.kv = kv
-        self.waiting: deque[Request] = deque()
+        self.waiting = FairQueue()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_since_last_step: list[str] = []
@@ -110,23 +119,30 @@ class SchedulerPolicy:
         scheduled: list[tuple[Request, int]] = []
 
         i = 0
+        preempted = False
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if not self.kv.grow(request, num_new):
-                # Out of blocks: preempt the newest running request and retry this one,
-                # unless it is itself the newest.
-                victim = self.running[-1]
-                self._preempt(victim)
-                if victim is request:
-                    break
+                # Out of blocks: preempt a request not scheduled yet in this step (this one or a
+                # later one) and retry; if this one was the victim, go on with the next.
+                self._preempt(self._victim(i))
+                preempted = True
                 continue
             scheduled.append((request, num_new))
             budget -= num_new
             i += 1
 
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
-            request = self.waiting[0]
+        while self.waiting and not preempted and budget > 0:
+            request = self.waiting.peek()
+            if len(self.running) >= self.config.max_running:
+                swap = self._slot_swap()
+                if swap is None:
+                    break
+                # The victim's tenant runs more than its share, the request's less: the slot changes hands.
+                request, victim = swap
+                budget += self._unschedule(victim, scheduled)
+                self._preempt(victim)
             self.kv.match_prefix(request)
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = 0  # first admission found nothing cached
@@ -134,7 +150,7 @@ class SchedulerPolicy:
             if not self.kv.grow(request, num_new):
                 self.kv.release(request, cache=False)  # give the matched prefix back; retry next step
                 break
-            self.waiting.popleft()
+            self.waiting.take(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             scheduled.append((request, num_new))
@@ -170,16 +186,6 @@ class SchedulerPolicy:
             updates.append(RequestUpdate(request, new_token_ids, reason, None if lp is None else [lp], error))
         return updates
 
-    def fail(self, plan: StepPlan) -> list[Request]:
-        """The step raised: finish every request it held with ERROR and free their blocks."""
-        failed = []
-        for request, _ in plan.scheduled:
-            if request.status == RequestStatus.RUNNING:
-                self.running.remove(request)
-                self._finish(request, FinishReason.ERROR)
-                failed.append(request)
-        return failed
-
     # ---- internals ---------------------------------------------------------------------------
 
     def _preempt(self, request: Request) -> None:
@@ -187,7 +193,41 @@ class SchedulerPolicy:
         self.kv.release(request)  # its computed blocks stay cached: readmission recomputes little
         request.status = RequestStatus.WAITING
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self.waiting.readd(request)
+
+    def _victim(self, first: int) -> Request:
+        """The request to preempt among ``running[first:]``: from the tenant holding the most
+        blocks (the most over its fair share), the lowest priority, then the newest."""
+        blocks: Counter[str] = Counter()
+        for r in self.running:
+            blocks[r.tenant] += len(r.block_ids)
+        return max(self.running[first:], key=lambda r: (blocks[r.tenant], r.priority, r.arrival_time))
+
+    def _slot_swap(self) -> tuple[Request, Request] | None:
+        """Every running slot is taken: ``(request, victim)`` if a waiting tenant runs fewer than
+        its fair share of them (``max_running`` / tenants running or waiting) even with one more,
+        and another runs more. ``request`` is the first (fair-queue order) of the tenants under
+        their share; ``victim``, by the preemption rule, is from the tenant running the most, its
+        lowest priority, newest. None if there is no such pair. (A swap leaves the victim's tenant
+        at or above its share, so it cannot swing back.)"""
+        running: Counter[str] = Counter(r.tenant for r in self.running)
+        waiting = self.waiting.tenants
+        share = self.config.max_running / len(set(running).union(waiting))
+        under = [t for t in waiting if running[t] + 1 <= share]
+        over = [r for r in self.running if running[r.tenant] > share]
+        if not under or not over:
+            return None
+        victim = max(over, key=lambda r: (running[r.tenant], r.priority, r.arrival_time))
+        return self.waiting.peek(under), victim
+
+    @staticmethod
+    def _unschedule(request: Request, scheduled: list[tuple[Request, int]]) -> int:
+        """Drop ``request`` from this step's plan; returns the tokens it had (0 if it had none)."""
+        for k, (r, num_new) in enumerate(scheduled):
+            if r is request:
+                del scheduled[k]
+                return num_new
+        return 0
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         # After a failed step the K/V written by it cannot be trusted: do not cache them.

@@ -41,6 +41,8 @@ class Request:
         "num_inserted_blocks",
         "num_cached_tokens",
         "matcher",
+        "tenant",
+        "priority",
     )
 
     def __init__(
@@ -53,6 +55,8 @@ class Request:
         arrival_time: float | None = None,
         cache_namespace: int = 0,
         matcher: Any = None,
+        tenant: str = "",
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -71,6 +75,8 @@ class Request:
         self.num_inserted_blocks = 0  # leading blocks already offered to the prefix cache
         self.num_cached_tokens: int | None = None  # prompt tokens reused at first admission
         self.matcher = matcher  # structured.GrammarMatcher of a constrained request, advanced per kept token
+        self.tenant = tenant  # whose share of the waiting queue and running slots it uses (fair_queue.py)
+        self.priority = priority  # inside its tenant: lower goes first (vLLM's ``priority``)
 
     @property
     def num_tokens(self) -> int:

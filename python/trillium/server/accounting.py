@@ -207,8 +207,11 @@ class RequestAccount:
 
 
 def _is_bug(error: BaseException | None) -> bool:
-    """An exception that is neither a client-facing APIError nor a cancellation (disconnect)."""
-    return isinstance(error, Exception) and not isinstance(error, APIError)
+    """A server-side failure: an exception that is not a client-facing APIError (nor a
+    cancellation: a disconnect), or an APIError 500 (an actor failed while holding the request)."""
+    if isinstance(error, APIError):
+        return error.status == 500
+    return isinstance(error, Exception)
 
 
 class _AccountedStream(StreamingResponse):

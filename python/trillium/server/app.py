@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import logging
+import os
 
+import msgspec
 import trio
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from trillium.engine_client import EngineClient
 from trillium.metering.metrics import Metrics
+from trillium.runtime import Health, Snapshot, faults
 from trillium.server.accounting import Accounting
 from trillium.server.errors import APIError
+from trillium.server.limits import BodySizeLimit, InputLimits
+from trillium.server.openapi import openapi_route
 from trillium.server.ops_routes import OpsRoutes
 from trillium.server.routes import Routes, json_response
 
@@ -23,6 +30,14 @@ log = logging.getLogger("trillium.server")
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
     return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own errors (404 no such route, 405 wrong method) in OpenAI's error shape."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    message = f"{exc.detail}: {request.method} {request.url.path}"
+    return APIError(message, status=exc.status_code, code=code, headers=dict(exc.headers or {})).response()
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
@@ -40,23 +55,64 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     )
 
 
-def build_app(client: EngineClient, draining: trio.Event, accounting: Accounting | None = None) -> Starlette:
-    """``accounting`` defaults to an open server (no keys, no ledger) with its own metrics."""
+class _ArmFault(msgspec.Struct):
+    point: str
+    action: str = "raise"  # or "hang"
+    times: int = 1
+    hang_s: float = 3600.0
+
+
+async def debug_faults(request: Request) -> Response:
+    """Test-only (``TRILLIUM_FAULT_INJECTION=1``): ``POST {"point", "action", "times", "hang_s"}``
+    arms a fault point (see ``trillium.runtime.faults``); ``DELETE`` clears them all."""
+    if request.method == "DELETE":
+        faults.clear()
+        return json_response({"cleared": True})
+    try:
+        body = msgspec.json.decode(await request.body(), type=_ArmFault)
+        faults.arm(body.point, body.action, times=body.times, hang_s=body.hang_s)  # type: ignore[arg-type]
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise APIError(str(exc)) from None
+    return json_response({"armed": body.point})
+
+
+def build_app(
+    client: EngineClient,
+    draining: trio.Event,
+    accounting: Accounting | None = None,
+    health: Snapshot[Health] | None = None,
+    limits: InputLimits | None = None,
+) -> Starlette:
+    """``accounting`` defaults to an open server (no keys, no ledger) with its own metrics;
+    ``health`` (the supervisor's watchdog snapshot) to always live and ready; ``limits`` to
+    :class:`InputLimits`' defaults."""
+    limits = limits or InputLimits()
     if accounting is None:
         accounting = Accounting(client.model_name, Metrics(client.model_name, client.stats))
-    routes = Routes(client, draining, accounting)
+    routes = Routes(client, draining, accounting, health or Snapshot(Health(ready=True)), limits)
     ops = OpsRoutes(accounting)
+    api = [
+        Route("/health", routes.health, methods=["GET"]),
+        Route("/health/ready", routes.ready, methods=["GET"]),
+        Route("/stats", routes.stats, methods=["GET"]),
+        Route("/metrics", ops.metrics, methods=["GET"]),
+        Route("/v1/usage", ops.usage, methods=["GET"]),
+        Route("/v1/models", routes.models, methods=["GET"]),
+        Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+        Route("/v1/completions", routes.completions, methods=["POST"]),
+        Route("/tokenize", routes.tokenize, methods=["POST"]),
+        Route("/detokenize", routes.detokenize, methods=["POST"]),
+    ]
+    # Test-only and undocumented: not in the OpenAPI document.
+    debug = (
+        [Route("/debug/faults", debug_faults, methods=["POST", "DELETE"])]
+        if os.environ.get(faults.ENABLE_ENV) == "1"
+        else []
+    )
     return Starlette(
-        routes=[
-            Route("/health", routes.health, methods=["GET"]),
-            Route("/stats", routes.stats, methods=["GET"]),
-            Route("/metrics", ops.metrics, methods=["GET"]),
-            Route("/v1/usage", ops.usage, methods=["GET"]),
-            Route("/v1/models", routes.models, methods=["GET"]),
-            Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
-            Route("/v1/completions", routes.completions, methods=["POST"]),
-            Route("/tokenize", routes.tokenize, methods=["POST"]),
-            Route("/detokenize", routes.detokenize, methods=["POST"]),
-        ],
-        exception_handlers={APIError: _api_error, Exception: _internal_error},
+        # GET /openapi.json documents every route; one without an entry in openapi.OPERATIONS fails here.
+        routes=[*api, openapi_route(api), *debug],
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
+        # Inside the error handlers: a chunked body's 413 is raised while a route reads it.
+        middleware=[Middleware(BodySizeLimit, max_body_bytes=limits.max_body_bytes)],
     )

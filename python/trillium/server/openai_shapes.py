@@ -182,5 +182,9 @@ class ResponseShape:
         return {**self._envelope("text_completion"), "choices": body, "usage": usage}
 
 
-def error_payload(message: str) -> JSONObject:
+def error_payload(message: str, request_id: str | None = None) -> JSONObject:
+    """A server-side failure in OpenAI's error shape; the request id lets an operator find it in the
+    log and the ledger."""
+    if request_id is not None:
+        message = f"{message} (request id {request_id})"
     return {"error": {"message": message, "type": "internal_error", "param": None, "code": "internal_error"}}

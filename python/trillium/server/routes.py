@@ -6,7 +6,9 @@ ever sees token ids (llama.cpp server's rule).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -14,12 +16,14 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from trillium.engine_client import EngineClient, EngineOverloaded, RequestStream, TokenizeError
+from trillium.engine_client import ActorFailed, EngineClient, EngineOverloaded, RequestStream, TokenizeError
 from trillium.protocol import FinishReason, SamplingParams, StructuredOutputs
 from trillium.protocol.messages import SEED_MAX
+from trillium.runtime import Health, Snapshot
 from trillium.server import sse
 from trillium.server.accounting import Accounting, RequestAccount
 from trillium.server.errors import APIError, overloaded
+from trillium.server.limits import InputLimits
 from trillium.server.openai_shapes import (
     ChoiceFanout,
     JSONObject,
@@ -48,22 +52,49 @@ T = TypeVar("T")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
-def json_response(payload: JSONObject, status: int = 200) -> Response:
-    return Response(msgspec.json.encode(payload), status, media_type="application/json")
+def json_response(payload: JSONObject, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(msgspec.json.encode(payload), status, headers, media_type="application/json")
 
 
 class Routes:
     """Handlers bound to one engine client. ``draining`` refuses new work during shutdown."""
 
-    def __init__(self, client: EngineClient, draining: trio.Event, accounting: Accounting) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        draining: trio.Event,
+        accounting: Accounting,
+        health: Snapshot[Health],
+        limits: InputLimits | None = None,
+    ) -> None:
         self.client = client
+        self._limits = limits or InputLimits()
         self.draining = draining
         self.accounting = accounting  # API keys, tenant limits, usage records, metrics
+        self._health = health  # the supervisor's watchdog verdict
+
+    @functools.cached_property
+    def limits(self) -> InputLimits:
+        """The input limits with the engine's defaults filled in (on first use: building the routes
+        asks nothing of the client)."""
+        return self._limits.for_engine(self.client.max_model_len, self.client.num_kv_tokens)
 
     async def health(self, request: Request) -> Response:
-        if self.draining.is_set():
-            return json_response({"status": "draining"}, 503)
+        """Liveness (Kubernetes ``livenessProbe``): 503 with the reasons when a model step hangs,
+        an actor stopped taking messages or the server gave up after repeated failures."""
+        health = self._health.latest
+        if not health.live:
+            return json_response({"status": "unhealthy", "reasons": list(health.reasons)}, 503)
         return json_response({"status": "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness (``readinessProbe``): 200 once every actor runs, 503 while starting, draining or
+        restarting an actor after a failure (send traffic elsewhere meanwhile)."""
+        health = self._health.latest
+        if self.draining.is_set() or not health.ready:
+            reasons = list(health.reasons) or ["draining"]
+            return json_response({"status": "not ready", "reasons": reasons}, 503, {"Retry-After": "1"})
+        return json_response({"status": "ready"})
 
     async def stats(self, request: Request) -> Response:
         """Scheduler, KV-pool and grammar counters as JSON (llama.cpp's ``/slots`` idea; ``/metrics``
@@ -88,16 +119,18 @@ class Routes:
         )
 
     async def chat_completions(self, request: Request) -> Response:
-        with self.accounting.admit(request, chat=True) as account:
+        with self.accounting.admit(request, chat=True) as account, _named_errors(account.request_id):
             return await self._chat_completions(request, account)
 
     async def completions(self, request: Request) -> Response:
-        with self.accounting.admit(request, chat=False) as account:
+        with self.accounting.admit(request, chat=False) as account, _named_errors(account.request_id):
             return await self._completions(request, account)
 
     async def _chat_completions(self, request: Request, account: RequestAccount) -> Response:
         body = decode_body(await request.body(), ChatCompletionRequest)
         self._check_model(body.model)
+        self._check_admission(account, body)
+        self.limits.check_body(messages=body.messages, logit_bias=body.logit_bias, stop=body.stop)
         messages = chat_messages(body)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         sampling = sampling_params(
@@ -107,14 +140,19 @@ class Routes:
             vocab_size=self.client.model_config.vocab_size,
             logprobs=chat_logprobs(body),
         )
+        self._check_structured(body, sampling)
+        self.limits.check_prompt_chars(messages, "messages")
         prompt_ids = await self._tokenize(messages=messages)
         self._check_length(len(prompt_ids), sampling.max_tokens, "messages")
+        self._check_tokens(len(prompt_ids), sampling.max_tokens, body.n)
         sampling = self._limit_tokens(account, sampling, len(prompt_ids), body.n)
         return await self._run(body, prompt_ids, sampling, account, chat=True)
 
     async def _completions(self, request: Request, account: RequestAccount) -> Response:
         body = decode_body(await request.body(), CompletionRequest)
         self._check_model(body.model)
+        self._check_admission(account, body)
+        self.limits.check_body(logit_bias=body.logit_bias, stop=body.stop)
         if body.suffix:
             raise APIError("suffix is not supported", param="suffix")
         if body.echo and body.logprobs is not None:
@@ -126,6 +164,7 @@ class Routes:
             vocab_size=self.client.model_config.vocab_size,
             logprobs=completion_logprobs(body),
         )
+        self._check_structured(body, sampling)
         prompt = body.prompt
         if isinstance(prompt, list) and len({type(p) for p in prompt}) > 1:
             raise APIError("prompt must be a string, a list of strings, or a list of token ids", param="prompt")
@@ -136,6 +175,7 @@ class Routes:
         if isinstance(prompt, list):
             if not prompt:
                 raise APIError("prompt must not be empty", param="prompt")
+            self._check_length(len(prompt), sampling.max_tokens, "prompt")  # before the O(len) checks
             prompt_ids = [t for t in prompt if isinstance(t, int)]  # all of them: one type, and not str
             vocab = self.client.model_config.vocab_size
             if any(not 0 <= t < vocab for t in prompt_ids):
@@ -143,8 +183,10 @@ class Routes:
         else:
             if not prompt:
                 raise APIError("prompt must not be empty", param="prompt")
+            self.limits.check_prompt_chars(prompt, "prompt")
             prompt_ids = await self._tokenize(prompt=prompt)
         self._check_length(len(prompt_ids), sampling.max_tokens, "prompt")
+        self._check_tokens(len(prompt_ids), sampling.max_tokens, body.n)
         sampling = self._limit_tokens(account, sampling, len(prompt_ids), body.n)
         echo = None
         if body.echo:
@@ -159,9 +201,13 @@ class Routes:
         if (body.prompt is None) == (body.messages is None):
             raise APIError("exactly one of prompt and messages is required", param="prompt")
         if body.messages is not None:
+            self.limits.check_body(messages=body.messages)
             messages = chat_messages(ChatCompletionRequest(messages=body.messages))
+            self.limits.check_prompt_chars(messages, "messages")
             tokens = await self._tokenize(messages=messages, add_generation_prompt=body.add_generation_prompt)
         else:
+            assert body.prompt is not None
+            self.limits.check_prompt_chars(body.prompt, "prompt")
             tokens = await self._tokenize(prompt=body.prompt, add_special_tokens=body.add_special_tokens)
         return json_response({"count": len(tokens), "max_model_len": self.client.max_model_len, "tokens": tokens})
 
@@ -170,6 +216,7 @@ class Routes:
         self.accounting.auth.tenant(request)
         body = decode_body(await request.body(), DetokenizeBody)
         self._check_model(body.model)
+        self.limits.check_token_ids(body.tokens, "tokens")
         vocab = self.client.model_config.vocab_size
         if any(not 0 <= t < vocab for t in body.tokens):
             raise APIError(f"tokens must be in [0, {vocab})", param="tokens")
@@ -206,6 +253,8 @@ class Routes:
             return await call()
         except EngineOverloaded as exc:
             raise overloaded(str(exc)) from None
+        except ActorFailed as exc:
+            raise actor_failed(exc) from None
         except TokenizeError as exc:
             raise APIError(f"{failure}: {exc}", param=param) from None
 
@@ -219,6 +268,8 @@ class Routes:
             raise APIError(str(exc), param=structured_param(body), code="invalid_grammar") from None
         except EngineOverloaded as exc:
             raise overloaded(str(exc)) from None
+        except ActorFailed as exc:
+            raise actor_failed(exc) from None
 
     def _check_length(self, num_prompt_tokens: int, max_tokens: int | None, param: str) -> None:
         limit = self.client.max_model_len
@@ -230,6 +281,31 @@ class Routes:
                 param=param if num_prompt_tokens >= limit else "max_tokens",
                 code="context_length_exceeded",
             )
+
+    def _check_tokens(self, num_prompt_tokens: int, max_tokens: int | None, n: int) -> None:
+        """n x max_tokens and the KV cache the request would hold (after :meth:`_check_length`)."""
+        room = self.client.max_model_len - num_prompt_tokens  # max_tokens=None: until the context is full
+        self.limits.check_tokens(
+            num_prompt_tokens, room if max_tokens is None else max_tokens, n, self.client.num_kv_tokens
+        )
+
+    def _check_structured(self, body: ChatCompletionRequest | CompletionRequest, sampling: SamplingParams) -> None:
+        """Grammar size and depth, before anything walks the constraint (the compile is later)."""
+        if sampling.structured is not None:
+            self.limits.check_structured(sampling.structured, structured_param(body))
+
+    def _fair_tenant(self, account: RequestAccount, body: ChatCompletionRequest | CompletionRequest) -> str:
+        """Whose fair share of the scheduler a request uses: the API key's tenant; on an open server
+        the request's ``user``, else the one shared tenant (scheduler/fair_queue.py)."""
+        return account.tenant if self.accounting.auth.access is not None else body.user or account.tenant
+
+    def _check_admission(self, account: RequestAccount, body: ChatCompletionRequest | CompletionRequest) -> None:
+        """503 now, before tokenizing, if the waiting queue would refuse the request (it checks
+        again when the request is submitted): refusals stay cheap under a flood."""
+        try:
+            self.client.check_admission(self._fair_tenant(account, body))
+        except EngineOverloaded as exc:
+            raise overloaded(str(exc)) from None
 
     def _limit_tokens(
         self, account: RequestAccount, sampling: SamplingParams, num_prompt_tokens: int, n: int
@@ -253,6 +329,7 @@ class Routes:
         grammar = None
         if sampling.structured is not None:
             grammar = await self._compile_grammar(body, sampling.structured)
+        tenant = self._fair_tenant(account, body)
 
         def open_choice(i: int) -> RequestStream:
             choice_sampling = sampling
@@ -263,7 +340,13 @@ class Routes:
                 choice_sampling = msgspec.structs.replace(sampling, seed=seed)
             choice_id = request_id if i == 0 else f"{request_id}-{i}"
             return self.client.open_stream(
-                choice_id, prompt_ids, choice_sampling, cache_salt=body.cache_salt, grammar=grammar
+                choice_id,
+                prompt_ids,
+                choice_sampling,
+                cache_salt=body.cache_salt,
+                grammar=grammar,
+                tenant=tenant,
+                priority=body.priority,
             )
 
         try:
@@ -283,6 +366,24 @@ class Routes:
         response = await _full_response(fanout, shape, echo)
         account.http_status = response.status_code
         return response
+
+
+def actor_failed(exc: ActorFailed) -> APIError:
+    """500 in OpenAI's shape: an actor failed while it held this request (it is being restarted)."""
+    return APIError(f"{exc}; retry", status=500, type="internal_error", code="internal_error")
+
+
+@contextlib.contextmanager
+def _named_errors(request_id: str) -> Iterator[None]:
+    """Every error response of a generation request carries its id (``x-request-id``, and in the
+    message of a 5xx), so that an operator can find the request in the log and the ledger."""
+    try:
+        yield
+    except APIError as exc:
+        exc.headers.setdefault("x-request-id", request_id)
+        if exc.status >= 500 and request_id not in exc.message:
+            exc.message = f"{exc.message} (request id {request_id})"
+        raise
 
 
 class _ChoiceLogprobs:
@@ -330,7 +431,7 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: str |
             if choice_logprobs is not None:
                 choice_logprobs.add(out.token_ids, out.logprobs)
             if out.finish_reason == FinishReason.ERROR:
-                return json_response(error_payload(out.error or "generation failed"), 500)
+                return json_response(error_payload(out.error or "generation failed", shape.request_id), 500)
             if out.finish_reason == FinishReason.ABORT:
                 raise APIError(
                     "request aborted: the server is shutting down",
@@ -364,7 +465,7 @@ async def _sse_body(
             try:
                 item = await fanout.next()
             except EngineOverloaded as exc:
-                yield sse.event(error_payload(f"could not start all choices: {exc}"))
+                yield sse.event(error_payload(f"could not start all choices: {exc}", shape.request_id))
                 break
             if item is None:
                 break
@@ -377,7 +478,7 @@ async def _sse_body(
                     yield sse.event(shape.chunk(i, echo, None))
             reason = out.finish_reason
             if reason == FinishReason.ERROR:
-                yield sse.event(error_payload(out.error or "generation failed"))
+                yield sse.event(error_payload(out.error or "generation failed", shape.request_id))
                 break
             if reason == FinishReason.ABORT:
                 yield sse.event(error_payload("request aborted: the server is shutting down"))

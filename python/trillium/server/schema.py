@@ -6,7 +6,7 @@ and range-checked here, each failure naming its field.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -19,6 +19,12 @@ _S = TypeVar("_S", bound=msgspec.Struct)
 MAX_N = 16
 MAX_TOP_LOGPROBS = MAX_LOGPROBS
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for legacy completions
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1  # vLLM's ``priority``, bounded to 32 bits
+
+# Constraints msgspec checks while decoding; they are also the OpenAPI document's (server/openapi.py).
+Role = Literal["system", "user", "assistant", "tool", "developer"]  # developer is rendered as system
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
+TokenId = Annotated[int, msgspec.Meta(ge=0)]  # and below the vocabulary size, checked by the route
 
 
 class StreamOptions(msgspec.Struct):
@@ -31,7 +37,7 @@ class ContentPart(msgspec.Struct):
 
 
 class ChatMessage(msgspec.Struct):
-    role: str
+    role: Role
     content: str | list[ContentPart] | None = None
 
 
@@ -47,7 +53,7 @@ class JSONSchemaFormat(msgspec.Struct, kw_only=True):
 class ResponseFormat(msgspec.Struct, kw_only=True):
     """OpenAI ``response_format``: ``text``, ``json_object`` or ``json_schema``."""
 
-    type: str
+    type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
 
@@ -83,19 +89,21 @@ class _Common(msgspec.Struct, kw_only=True):
     repetition_penalty: float | None = None  # vLLM extension
     min_tokens: int = 0  # vLLM extension
     cache_salt: str | None = None  # vLLM extension: a tenant's private prefix-cache namespace
+    priority: int = 0  # vLLM extension: inside the caller's tenant, lower is scheduled sooner
     response_format: ResponseFormat | None = None  # OpenAI structured output
     structured_outputs: StructuredOutputsBody | None = None  # vLLM structured output
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
-    messages: list[ChatMessage]
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
-    prompt: str | list[str | int]  # text, [text], or token ids (msgspec allows one list type)
+    # text, [text], or token ids (msgspec allows one list type)
+    prompt: NonEmptyStr | Annotated[list[NonEmptyStr | TokenId], msgspec.Meta(min_length=1)]
     logprobs: int | None = None
     echo: bool | None = False
     suffix: str | None = None
@@ -113,19 +121,25 @@ class TokenizeBody(msgspec.Struct, kw_only=True):
 
 class DetokenizeBody(msgspec.Struct, kw_only=True):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 def decode_body(body: bytes, kind: type[_S]) -> _S:
-    """Parse JSON into ``kind``; malformed JSON or wrong types -> 400 naming the field."""
+    """Parse JSON into ``kind``; malformed JSON or wrong types -> 400 naming the field.
+
+    Invalid UTF-8 and lone surrogate escapes are malformed JSON here. Nesting deeper than
+    msgspec's stack guard (~1000 levels, even in ignored fields) is a 400; shallower nesting
+    only matters in untyped fields, which ``InputLimits.check_structured`` measures."""
     from trillium.server.errors import from_validation_error
 
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:  # before DecodeError: it is a subclass
         raise from_validation_error(exc) from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise APIError(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise APIError("request body nests too deeply to parse", code="invalid_json") from None
 
 
 def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -134,8 +148,6 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
         raise APIError("messages must contain at least one message", param="messages")
     out: list[dict[str, Any]] = []
     for i, m in enumerate(request.messages):
-        if m.role not in ("system", "user", "assistant", "tool", "developer"):
-            raise APIError(f"unknown role {m.role!r}", param=f"messages[{i}].role")
         content = m.content
         if isinstance(content, list):
             if any(p.type != "text" for p in content):
@@ -157,6 +169,10 @@ def sampling_params(
     bad value becomes a 400 naming the field. Only request-shape checks live here."""
     if not 1 <= request.n <= MAX_N:
         raise APIError(f"n must be between 1 and {MAX_N}, got {request.n}", param="n")
+    if not PRIORITY_MIN <= request.priority <= PRIORITY_MAX:
+        raise APIError(
+            f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}, got {request.priority}", param="priority"
+        )
     if request.stream_options is not None and not request.stream:
         raise APIError("stream_options is only allowed when stream is true", param="stream_options")
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])

@@ -4,7 +4,9 @@ Each :class:`CompileGrammar` is answered on its one-shot reply channel with a
 :class:`GrammarCompiled`: a cache hit at once, otherwise after a compile in a worker thread
 (``GRAMMAR_THREADS`` at a time). A compile that outlives ``timeout_s`` is abandoned (its thread
 finishes in the background, bounded by llguidance's own fuel limits) and answered with an
-error, so a pathological schema costs the client a 400, never the engine a stall.
+error, so a pathological schema costs the client a 400, never the engine a stall. Every reply
+channel is closed when its compile ends, answered or not, so that if the actor fails the askers
+get ``ActorFailed`` at once (the supervisor restarts it; the compile cache survives).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import trio
 
 from trillium.protocol import CompileGrammar, GrammarCompiled, GrammarStats, StructuredOutputs
-from trillium.runtime import Actor, Snapshot
+from trillium.runtime import Actor, Snapshot, faults
 from trillium.structured.compiler import CompiledGrammar, GrammarCompiler, GrammarError
 
 log = logging.getLogger("trillium.structured")
@@ -32,8 +34,9 @@ class GrammarActor(Actor):
         inbox: trio.MemoryReceiveChannel[object],
         timeout_s: float = COMPILE_TIMEOUT_S,
     ) -> None:
+        super().__init__(inbox)
         self.compiler = compiler
-        self.inbox = inbox
+        self._inbox = inbox
         self.timeout_s = timeout_s
         self._limiter = trio.CapacityLimiter(GRAMMAR_THREADS)
         self.num_timeouts = 0
@@ -43,22 +46,26 @@ class GrammarActor(Actor):
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             task_status.started()
-            async for message in self.inbox:
+            async for message in self._inbox:
+                self.took_message()
                 if isinstance(message, CompileGrammar):
-                    nursery.start_soon(self._compile, message)
+                    with message.reply:  # closed on a failure here; else the compile task owns it
+                        await faults.ahit("grammar.message")
+                        nursery.start_soon(self._compile, message.constraint, message.reply.clone())
                 else:
                     log.error("grammar: unexpected message %r", message)
 
-    async def _compile(self, message: CompileGrammar) -> None:
-        try:
-            result = GrammarCompiled(await self.compile(message.constraint))
-        except GrammarError as exc:
-            result = GrammarCompiled(None, str(exc))
-        self._publish_stats()
-        try:
-            message.reply.send_nowait(result)
-        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-            pass  # the asker went away
+    async def _compile(self, constraint: StructuredOutputs, reply: trio.MemorySendChannel[GrammarCompiled]) -> None:
+        with reply:
+            try:
+                result = GrammarCompiled(await self.compile(constraint))
+            except GrammarError as exc:
+                result = GrammarCompiled(None, str(exc))
+            self._publish_stats()
+            try:
+                reply.send_nowait(result)
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                pass  # the asker went away
 
     async def compile(self, constraint: StructuredOutputs) -> CompiledGrammar:
         """The compiled grammar for ``constraint``. Raises GrammarError (malformed, rejected by

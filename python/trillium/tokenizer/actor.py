@@ -2,6 +2,10 @@
 
 A fixed number of worker tasks read the bounded inbox, so a burst of long prompts queues
 (and eventually pushes back on the frontend) instead of spawning unbounded threads.
+
+Every message's reply channel is closed when its handling ends, answered or not: if the actor
+fails (and the supervisor restarts it), whoever was waiting gets ``EndOfChannel`` at once
+(``ActorFailed`` in the client) instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import trio
 
 from trillium.protocol import DetokenizeRequest, DetokenizeResult, TokenizeRequest, TokenizeResult
-from trillium.runtime import Actor
+from trillium.runtime import Actor, faults
 
 if TYPE_CHECKING:
     from trillium.tokenizer.tokenizer import Tokenizer
@@ -29,41 +33,45 @@ class TokenizerActor(Actor):
     name = "tokenizer"
 
     def __init__(self, tokenizer: Tokenizer, inbox: trio.MemoryReceiveChannel[_Request]) -> None:
+        super().__init__(inbox)
         self.tokenizer = tokenizer
-        self.inbox = inbox
+        self._inbox = inbox
         self._limiter = trio.CapacityLimiter(NUM_TOKENIZER_WORKERS)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             for _ in range(NUM_TOKENIZER_WORKERS):
-                nursery.start_soon(self._worker, self.inbox.clone())
+                nursery.start_soon(self._worker, self._inbox.clone())
             task_status.started()
 
     async def _worker(self, inbox: trio.MemoryReceiveChannel[_Request]) -> None:
         async with inbox:
             async for message in inbox:
-                result: TokenizeResult | DetokenizeResult
-                try:
-                    if isinstance(message, DetokenizeRequest):
-                        text = await trio.to_thread.run_sync(
-                            self.tokenizer.decode, message.token_ids, limiter=self._limiter
-                        )
-                        result = DetokenizeResult(text)
-                    else:
-                        ids = await trio.to_thread.run_sync(self.encode, message, limiter=self._limiter)
-                        result = TokenizeResult(ids)
-                except Exception as exc:  # a bad template or input fails this request only
-                    log.warning("%s failed: %s", type(message).__name__, exc)
-                    error = f"{type(exc).__name__}: {exc}"
-                    result = (
-                        DetokenizeResult("", error)
-                        if isinstance(message, DetokenizeRequest)
-                        else TokenizeResult([], error)
-                    )
-                try:
-                    message.reply.send_nowait(result)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass  # the requester went away
+                self.took_message()
+                with message.reply:  # closed however the handling ends
+                    await faults.ahit("tokenizer.message")
+                    await self._answer(message)
+
+    async def _answer(self, message: _Request) -> None:
+        """Answer one message; a bad template or input is an error answer, not a failure."""
+        result: TokenizeResult | DetokenizeResult
+        try:
+            if isinstance(message, DetokenizeRequest):
+                text = await trio.to_thread.run_sync(self.tokenizer.decode, message.token_ids, limiter=self._limiter)
+                result = DetokenizeResult(text)
+            else:
+                ids = await trio.to_thread.run_sync(self.encode, message, limiter=self._limiter)
+                result = TokenizeResult(ids)
+        except Exception as exc:  # a bad template or input fails this request only
+            log.warning("%s failed: %s", type(message).__name__, exc)
+            error = f"{type(exc).__name__}: {exc}"
+            result = (
+                DetokenizeResult("", error) if isinstance(message, DetokenizeRequest) else TokenizeResult([], error)
+            )
+        try:
+            message.reply.send_nowait(result)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the requester went away
 
     def encode(self, message: TokenizeRequest) -> list[int]:
         """Chat messages are rendered with the model's template first (its special tokens included)."""

@@ -1,0 +1,179 @@
+"""Response bodies as msgspec Structs, for the OpenAPI document only (``server/openapi.py``).
+
+The routes build these bodies as dicts (``openai_shapes.py``, ``routes.py``), on the hot path;
+these Structs describe them. They cannot drift unnoticed: the fuzz test
+(``tests/integration/test_openapi_fuzz.py``) validates every response the server gives against
+the schema generated from here. A field with a default is one the server may leave out.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from trillium.protocol.usage import TenantUsage
+
+# Generation ends with one of these; an aborted or failed request is an error response instead.
+FinishReasonName = Literal["stop", "length"]
+
+
+class ErrorDetail(msgspec.Struct, kw_only=True):
+    message: str
+    type: str  # invalid_request_error, NotFoundError, server_overloaded, internal_error, ...
+    param: str | None  # the offending request field, e.g. "messages[0].role"
+    code: str | None  # machine-readable: invalid_value, context_length_exceeded, ...
+
+
+class ErrorResponse(msgspec.Struct, kw_only=True):
+    """Every 4xx/5xx JSON body (``server/errors.py``); an SSE stream that fails after its first
+    event sends one as its last ``data:`` event."""
+
+    error: ErrorDetail
+
+
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int  # prompt tokens served from the prefix cache (choice 0)
+    cached_tokens_per_choice: list[int] | None = None  # with n > 1 (not OpenAI's)
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int  # over all choices
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class TopLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int]  # the token's UTF-8 bytes
+
+
+class TokenLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]  # best first
+
+
+class ChatLogprobs(msgspec.Struct, kw_only=True):
+    content: list[TokenLogprob]
+
+
+class CompletionLogprobs(msgspec.Struct, kw_only=True):
+    """The legacy completions shape: parallel lists, one entry per token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]  # token text -> logprob
+    text_offset: list[int]  # where each token starts in the choice's text
+
+
+class AssistantMessage(msgspec.Struct, kw_only=True):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(msgspec.Struct, kw_only=True):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReasonName
+
+
+class ChatCompletion(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(msgspec.Struct, kw_only=True):
+    role: Literal["assistant"] | None = None  # in each choice's first chunk
+    content: str | None = None
+
+
+class ChatChunkChoice(msgspec.Struct, kw_only=True):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReasonName | None
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
+    """One SSE ``data:`` event of a streamed chat completion; the usage chunk (``stream_options.
+    include_usage``) has no choices."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(msgspec.Struct, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReasonName | None  # None only in a streamed chunk
+
+
+class Completion(msgspec.Struct, kw_only=True):
+    """A legacy completion, and (with ``stream``) each SSE ``data:`` event of one."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None  # always in a full response; in the last chunk with include_usage
+
+
+class Model(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int  # prompt + completion tokens (vLLM's field)
+
+
+class ModelList(msgspec.Struct, kw_only=True):
+    object: Literal["list"]
+    data: list[Model]
+
+
+class TokenizeResponse(msgspec.Struct, kw_only=True):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(msgspec.Struct, kw_only=True):
+    prompt: str
+
+
+class Liveness(msgspec.Struct, kw_only=True):
+    """``GET /health``: 200 ``ok``, or 503 ``unhealthy`` with the reasons."""
+
+    status: Literal["ok", "unhealthy"]
+    reasons: list[str] = []
+
+
+class Readiness(msgspec.Struct, kw_only=True):
+    """``GET /health/ready``: 200 ``ready``, or 503 ``not ready`` (starting, draining, restarting)."""
+
+    status: Literal["ready", "not ready"]
+    reasons: list[str] = []
+
+
+class UsageReport(msgspec.Struct, kw_only=True):
+    """``GET /v1/usage``: per-tenant totals of the requests finished in ``[since, until]``."""
+
+    object: Literal["list"]
+    since: float | None  # unix time; None: from the first record
+    until: float
+    data: list[TenantUsage]
