@@ -230,7 +230,8 @@ class SchedulerPolicy:
         return 0
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
-        # After a failed step the K/V written by it cannot be trusted: do not cache them.
+        # A request that ended in ERROR (its grammar rejected a token) is not cached. A failed step
+        # never reaches here: the scheduler actor rebuilds the whole pool instead (scheduler/actor.py).
         self.kv.release(request, cache=reason != FinishReason.ERROR)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
