@@ -1,10 +1,15 @@
 // Python binding of the kernel ISA selection (trillium/cpu_isa.h): which instruction set every CPU
-// kernel family runs on, by name ('portable', 'avx2', 'avx512').
+// kernel family runs on, by name ('portable', 'avx2', 'avx512'); and the calling thread's OpenMP
+// worker team, which a host that runs kernels on one dedicated thread releases elsewhere.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <string>
 #include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #include "bindings.h"
 #include "status.h"
@@ -38,6 +43,19 @@ void bind_cpu_isa(py::module_& m) {
       py::arg("name"),
       "Force the CPU kernels onto one instruction set (tests, benchmarks). ValueError if unknown or "
       "unsupported here. Process-wide; do not call while kernels run on other threads.");
+  m.def(
+      "release_openmp_threads",
+      [] {
+#if defined(_OPENMP)
+        // libgomp frees the calling thread's worker pool (omp_pause_resource_all pauses the host).
+        return omp_pause_resource_all(omp_pause_soft) == 0;
+#else
+        return false;
+#endif
+      },
+      "End the OpenMP worker threads this thread started (they are re-created if it runs a parallel "
+      "region again). With one team per calling thread, a second idle team makes libgomp cut its "
+      "spin-wait for every team: call it on threads that no longer run kernels. True if released.");
 }
 
 }  // namespace trillium::bindings

@@ -161,6 +161,9 @@ def supported_kernel_isas() -> list[str]:
 def set_kernel_isa(name: str) -> None:
     """Force one instruction set (tests, benchmarks); ValueError if unknown or unsupported. Process-wide."""
 
+def release_openmp_threads() -> bool:
+    """End the OpenMP worker team the calling thread started (see trillium.engine.step_thread)."""
+
 # Block-quantized linear (cpp/include/trillium/kernels/quant_linear.h); typed wrapper: trillium.ops.quant_linear.
 QUANT_BLOCK: int
 QUANT_GROUP_COLS: int

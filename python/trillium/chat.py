@@ -57,4 +57,6 @@ def run_chat(config: EngineConfig, *, system: str | None, max_tokens: int, tempe
         trio.run(_chat_loop, engine, system, SamplingParams(max_tokens=max_tokens, temperature=temperature))
     except KeyboardInterrupt:
         print()
+    finally:
+        engine.close()
     return 0

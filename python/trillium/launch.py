@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 
 import torch
 
 from trillium import _core
 from trillium.config import EngineConfig
 from trillium.engine.runner import ModelRunner, kv_bytes_per_block
+from trillium.engine.step_thread import StepThread
 from trillium.engine_client import EngineClient
 from trillium.models import default_model_path, load_model
 from trillium.models.registry import can_run_quantized
@@ -67,13 +69,30 @@ def resolve_weights(config: EngineConfig, path: str) -> EngineConfig:
 class Engine:
     """One loaded model with its KV pool and actors; :attr:`client` is how everything talks to it.
 
-    ``config`` is the resolved config (see :func:`resolve_weights`).
+    ``config`` is the resolved config (see :func:`resolve_weights`). The model is loaded, its KV
+    pool allocated and every step run on :attr:`step_thread` (one OpenMP team: see
+    :mod:`trillium.engine.step_thread`); :meth:`close` ends that thread.
     """
 
     def __init__(self, config: EngineConfig, *, progress: bool = True) -> None:
+        self.step_thread = StepThread()
+        weakref.finalize(self, self.step_thread.close)  # an LLM dropped without close() ends it too
+        self.step_thread.call(self._load, config, progress)
+        self.tokenizer = load_tokenizer(self.path)
+        self._build_actors()
+        # Building the actors ran torch ops here (the structured-output bitmask buffer); drop the
+        # OpenMP team they may have started on this thread, so the step thread's is the only one.
+        _core.release_openmp_threads()
+
+    def close(self) -> None:
+        """End the step thread (the actors must have stopped)."""
+        self.step_thread.close()
+
+    def _load(self, config: EngineConfig, progress: bool) -> None:
+        """On the step thread: the model, its config and the runner with its KV pool."""
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        path = config.model or default_model_path()
+        self.path = path = config.model or default_model_path()
         self.config = config = resolve_weights(config, path)
         quantized = config.weights != "dense"
         int8 = config.weights == "quantized-int8"
@@ -86,24 +105,23 @@ class Engine:
         self.model, self.model_config = load_model(
             path, dtype=config.torch_dtype, progress=progress, quantized=quantized, int8_activations=int8
         )
-        self.tokenizer = load_tokenizer(path)
-        model_name = config.served_model_name or self.model_config.name
-        max_model_len = min(
-            config.max_model_len or self.model_config.max_position_embeddings, self.model_config.max_position_embeddings
-        )
-
-        num_blocks = int(config.kv_cache_gib * 2**30) // kv_bytes_per_block(
+        self.num_blocks = num_blocks = int(config.kv_cache_gib * 2**30) // kv_bytes_per_block(
             self.model_config, config.block_size, config.torch_dtype
         )
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, config.block_size, config.kv_cache_gib)
-        allocator = _core.BlockAllocator(num_blocks)
-        tree = _core.RadixTree(allocator, config.block_size) if config.enable_prefix_cache else None
         self.runner = ModelRunner(
             self.model,
             self.model_config,
             num_blocks=num_blocks,
             block_size=config.block_size,
             dtype=config.torch_dtype,
+        )
+
+    def _build_actors(self) -> None:
+        config, path, num_blocks = self.config, self.path, self.num_blocks
+        model_name = config.served_model_name or self.model_config.name
+        max_model_len = min(
+            config.max_model_len or self.model_config.max_position_embeddings, self.model_config.max_position_embeddings
         )
         scheduler_config = SchedulerConfig(
             block_size=config.block_size,
@@ -113,6 +131,8 @@ class Engine:
             eos_token_ids=frozenset(self.tokenizer.eos_token_ids),
             model_key=f"{model_name}:{path}",
         )
+        allocator = _core.BlockAllocator(num_blocks)
+        tree = _core.RadixTree(allocator, config.block_size) if config.enable_prefix_cache else None
         scheduler_send, scheduler_recv = open_inbox(INBOX_BOUND)
         tokenizer_send, tokenizer_recv = open_inbox(TOKENIZER_INBOX_BOUND)
         grammar_send, grammar_recv = open_inbox(GRAMMAR_INBOX_BOUND)
@@ -123,7 +143,13 @@ class Engine:
         bitmask_filler = BitmaskFiller(config.max_running, self.model_config.vocab_size)
         kv = KVBlockManager(allocator, config.block_size, tree)
         self.scheduler = SchedulerActor(
-            scheduler_config, kv, self.runner, scheduler_recv, bitmask_filler, step_timeout_s=config.step_timeout_s
+            scheduler_config,
+            kv,
+            self.runner,
+            scheduler_recv,
+            bitmask_filler,
+            step_timeout_s=config.step_timeout_s,
+            step_thread=self.step_thread,
         )
         self.tokenizer_actor = TokenizerActor(self.tokenizer, tokenizer_recv)
         self.client = EngineClient(

@@ -83,6 +83,8 @@ def run_server(
         )
     except KeyboardInterrupt:
         log.info("interrupted")
+    finally:
+        engine.close()
     if code == 0:
         log.info("stopped")
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -67,3 +68,21 @@ def test_trillium_chat_streams_an_answer():
     )
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
+
+
+def test_every_step_runs_on_the_thread_that_loaded_the_model(llm, monkeypatch):
+    """One OpenMP team per process (see trillium.engine.step_thread): the model was loaded on the
+    engine's step thread, and steps run there, not on the caller's or a cached worker thread."""
+    runner = llm.engine.runner
+    threads: set[int] = set()
+    execute = runner.execute
+
+    def recording(step_input):
+        threads.add(threading.get_ident())
+        return execute(step_input)
+
+    monkeypatch.setattr(runner, "execute", recording)
+    llm.generate(["a", "b"], SamplingParams(max_tokens=4, ignore_eos=True))
+    llm.generate(["c"], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert threads == {llm.engine.step_thread.ident}
+    assert llm.engine.step_thread.ident != threading.get_ident()

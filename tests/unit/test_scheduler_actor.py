@@ -50,7 +50,7 @@ async def settle(actor: SchedulerActor) -> None:
     step is running in the executor thread (a step in its thread counts as blocked for Trio)."""
     while True:
         await trio.testing.wait_all_tasks_blocked()
-        if actor._step_limiter.borrowed_tokens == 0:
+        if not actor.in_step:
             return
         await trio.sleep(0.001)  # a step is running in its thread: check again when it may be done
 
@@ -142,7 +142,7 @@ async def test_failing_step_fails_every_request_in_flight_rebuilds_the_pool_and_
         await nursery.start(lambda task_status: supervisor.run(handle_signals=False, task_status=task_status))
         bad = submit(send, "bad")
         waiting = submit(send, "waiting")  # max_running=1: it waits behind "bad"
-        while actor.policy.num_waiting < 1 or actor._step_limiter.borrowed_tokens == 0:
+        while actor.policy.num_waiting < 1 or not actor.in_step:
             await trio.sleep(0.001)  # until "bad" is in its step and "waiting" is queued
         executor.gate.set()
         for box in (bad, waiting):
@@ -165,7 +165,7 @@ async def test_full_inbox_is_backpressure_not_a_queue():
         submit(send, "first")
         try:
             await trio.testing.wait_all_tasks_blocked()
-            assert actor._step_limiter.borrowed_tokens == 1  # held in its step, not reading the inbox
+            assert actor.in_step  # held in its step, not reading the inbox
             for i in range(8):
                 submit(send, f"q{i}")
             with pytest.raises(trio.WouldBlock):
@@ -220,7 +220,7 @@ async def test_a_step_past_its_time_limit_makes_the_actor_not_live():
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.run)
         box = submit(send, "slow")
-        while actor._step_limiter.borrowed_tokens == 0:
+        while not actor.in_step:
             await trio.sleep(0.001)
         assert actor.liveness(time.monotonic()) is None
         await trio.sleep(0.1)

@@ -1,6 +1,6 @@
 """SchedulerActor: the async shell around :class:`SchedulerPolicy` and the executor.
 
-Loop: take messages → schedule a step → run it in a worker thread (the event loop stays free
+Loop: take messages → schedule a step → run it on the step thread (the event loop stays free
 for HTTP, ``/health`` included) → update requests and deliver :class:`TokenDelta`s → publish a
 :class:`SchedulerStats` snapshot. Messages that arrive while a step runs wait in the bounded
 inbox and are applied before the next schedule, so the policy is only ever touched from the
@@ -21,10 +21,12 @@ from __future__ import annotations
 import collections
 import logging
 import time
+import weakref
 from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from trillium.engine.step_thread import StepThread
 from trillium.protocol import (
     AbortRequest,
     AddRequest,
@@ -46,7 +48,7 @@ log = logging.getLogger("trillium.scheduler")
 
 
 class Executor(Protocol):
-    """Runs one step. Called from a worker thread; must not touch scheduler state."""
+    """Runs one step. Called on the step thread; must not touch scheduler state."""
 
     def execute(self, step_input: StepInput) -> StepOutput: ...
 
@@ -89,7 +91,10 @@ class SchedulerActor(Actor):
         *,
         step_timeout_s: float = STEP_TIMEOUT_S,
         step_timeout_factor: float = STEP_TIMEOUT_FACTOR,
+        step_thread: StepThread | None = None,
     ) -> None:
+        """``step_thread``: where steps run -- the thread that loaded the model (see
+        :mod:`trillium.engine.step_thread`); a private one when None."""
         super().__init__(inbox)
         self.policy = SchedulerPolicy(config, kv)
         self.executor = executor
@@ -99,8 +104,12 @@ class SchedulerActor(Actor):
         self._step_started: float | None = None  # monotonic start of the step in the executor
         self._recent_steps: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
         self.bitmask_filler = bitmask_filler  # structured output: fills masks while the model runs
-        # One model step at a time: the executor owns the model and the KV tensors.
-        self._step_limiter = trio.CapacityLimiter(1)
+        # One model step at a time, always on the same thread: the executor owns the model and
+        # the KV tensors.
+        if step_thread is None:
+            step_thread = StepThread()
+            weakref.finalize(self, step_thread.close)
+        self.step_thread = step_thread
         self.num_steps = 0
         self.step_seconds = 0.0  # time inside executor.execute, for /stats and benchmarks
         self.num_step_tokens = 0
@@ -142,6 +151,11 @@ class SchedulerActor(Actor):
         recent = sorted(self._recent_steps)
         p99 = recent[int(0.99 * (len(recent) - 1))] if recent else 0.0
         return max(self.step_timeout_factor * p99, self.step_timeout_s)
+
+    @property
+    def in_step(self) -> bool:
+        """True while a step runs on the step thread."""
+        return self._step_started is not None
 
     def inbox_backlog(self) -> int:
         """While a step runs, messages wait by design; the step limit covers a stuck step."""
@@ -228,7 +242,7 @@ class SchedulerActor(Actor):
             self._apply(message)
 
     async def _run(self, plan: StepPlan) -> StepOutput:
-        """Run the plan's step in the executor thread (masks filled meanwhile). Raises what the
+        """Run the plan's step on the step thread (masks filled meanwhile). Raises what the
         executor raised (the actor fails: see the module docstring)."""
         step_bitmask = self._begin_bitmask(plan)
         now = time.monotonic()
@@ -238,9 +252,7 @@ class SchedulerActor(Actor):
         start = time.perf_counter()
         self._step_started = time.monotonic()
         try:
-            output = await trio.to_thread.run_sync(
-                self._execute, plan.step_input, limiter=self._step_limiter, abandon_on_cancel=False
-            )
+            output = await self.step_thread.run(self._execute, plan.step_input)
         finally:
             self._step_started = None
         seconds = time.perf_counter() - start
@@ -253,7 +265,7 @@ class SchedulerActor(Actor):
         return output
 
     def _execute(self, step_input: StepInput) -> StepOutput:
-        """In the executor thread."""
+        """On the step thread."""
         faults.hit("runner.execute")
         return self.executor.execute(step_input)
 
