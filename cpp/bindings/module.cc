@@ -18,5 +18,6 @@ PYBIND11_MODULE(_core, m) {
   trillium::bindings::bind_kernels(m);
   trillium::bindings::bind_quant_linear(m);
   trillium::bindings::bind_layer_ops(m);
+  trillium::bindings::bind_decoder_layer(m);
   trillium::bindings::bind_token_bitmask(m);
 }

@@ -164,6 +164,56 @@ def set_kernel_isa(name: str) -> None:
 def release_openmp_threads() -> bool:
     """End the OpenMP worker team the calling thread started (see trillium.engine.step_thread)."""
 
+# One-call decoder layers (cpp/include/trillium/kernels/decoder_layer.h); typed wrapper: trillium.ops.decoder_stack.
+class DecoderStack:
+    """Every decoder layer of a model, bound once; forward runs a step through all of them."""
+
+    def __init__(self) -> None: ...
+    @property
+    def num_layers(self) -> int: ...
+    def add_layer(
+        self,
+        hidden: int,
+        intermediate: int,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        rms_eps: float,
+        input_norm: int,
+        post_attention_norm: int,
+        qkv: tuple[int, int, int, int, int, int],
+        qkv_bias: int,
+        o: tuple[int, int, int, int, int, int],
+        gate_up: tuple[int, int, int, int, int, int],
+        down: tuple[int, int, int, int, int, int],
+        k_cache: int,
+        v_cache: int,
+        kv_dtype: int,
+        num_blocks: int,
+        block_size: int,
+    ) -> None: ...
+    def forward(
+        self,
+        hidden: int,
+        residual: int,
+        num_tokens: int,
+        num_requests: int,
+        decode: bool,
+        query_start_loc: int,
+        context_lens: int,
+        block_tables: int,
+        block_table_stride: int,
+        slot_mapping: int,
+        positions: int,
+        rope_cos: int,
+        rope_sin: int,
+        rope_max_positions: int,
+        attn_scale: float,
+        int8_activations: bool,
+        num_threads: int,
+    ) -> None:
+        """Run every layer (addresses); releases the GIL; ValueError on bad sizes."""
+
 # Block-quantized linear (cpp/include/trillium/kernels/quant_linear.h); typed wrapper: trillium.ops.quant_linear.
 QUANT_BLOCK: int
 QUANT_GROUP_COLS: int

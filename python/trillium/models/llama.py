@@ -16,6 +16,7 @@ from torch import nn
 from trillium.models.config import ModelConfig
 from trillium.models.layers import RMSNorm, RopeStep, RotaryEmbedding, rotate_
 from trillium.ops.attention import AttentionMetadata, paged_attention, store_kv
+from trillium.ops.decoder_stack import DecoderStack, LayerShape
 from trillium.ops.layer_ops import fused_ok, silu_and_mul
 from trillium.ops.quant_linear import BoundQuantLinear, QuantWeight, quant_linear
 
@@ -30,6 +31,8 @@ def _linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype)
 
 class QuantLinear(nn.Module):
     """``nn.Linear`` over a block-quantized weight (``ops.quant_linear``; fp32 CPU activations)."""
+
+    qweight: QuantWeight
 
     def __init__(self, weight: QuantWeight, bias: torch.Tensor | None, int8_activations: bool = False) -> None:
         super().__init__()
@@ -53,8 +56,10 @@ class LlamaAttention(nn.Module):
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.head_dim**-0.5
-        self.qkv_proj = _linear(config.hidden_size, self.q_size + 2 * self.kv_size, config.attention_bias, dtype)
-        self.o_proj = _linear(self.q_size, config.hidden_size, False, dtype)
+        self.qkv_proj: nn.Module = _linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, config.attention_bias, dtype
+        )
+        self.o_proj: nn.Module = _linear(self.q_size, config.hidden_size, False, dtype)
 
     def forward(
         self,
@@ -80,8 +85,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = _linear(config.hidden_size, 2 * config.intermediate_size, False, dtype)
-        self.down_proj = _linear(config.intermediate_size, config.hidden_size, False, dtype)
+        self.gate_up_proj: nn.Module = _linear(config.hidden_size, 2 * config.intermediate_size, False, dtype)
+        self.down_proj: nn.Module = _linear(config.intermediate_size, config.hidden_size, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         gate_up = self.gate_up_proj(x)  # [T, 2I]: [gate | up]
@@ -150,6 +155,10 @@ class LlamaForCausalLM(nn.Module):
         )
         self.quant_head: QuantWeight | None = None  # set by use_quant_weights
         self.int8_activations = False
+        # Run all layers of a step in one core call where the model allows it (fp32 CPU,
+        # quantized projections; see ops.decoder_stack). False: the per-operation Python path.
+        self.fused_layers = True
+        self._stack: tuple[list[KVCache], DecoderStack] | None = None  # built for these KV pools
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
@@ -175,12 +184,53 @@ class LlamaForCausalLM(nn.Module):
         the final-normed hidden state of every new token. Mutates ``kv_caches`` only."""
         hidden = self.embed_tokens(input_ids)  # [T, H] (a fresh tensor: the residual stream is updated in place)
         rope = self.rotary.for_step(positions, hidden.dtype)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
+        stack = self._decoder_stack(kv_caches, hidden, rope)
+        residual: torch.Tensor | None = None
+        if stack is not None:
+            scale = self.config.head_dim**-0.5  # as LlamaAttention.scale
+            hidden, residual = stack.forward(hidden, rope.positions, rope.table_cos, rope.table_sin, meta, scale)
+        else:
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
         normed: torch.Tensor
         normed, _ = self.norm(hidden, residual)
         return normed
+
+    def _decoder_stack(self, kv_caches: list[KVCache], hidden: torch.Tensor, rope: RopeStep) -> DecoderStack | None:
+        """The one-call stack for these KV pools (built on first use), or None where the model
+        runs per operation: fused_layers off, dense or non-fp32 weights, or non-CPU tensors."""
+        if not (self.fused_layers and self.is_quantized and hidden.dtype == torch.float32 and hidden.is_cpu):
+            return None
+        if rope.cos is not None or len(kv_caches) != len(self.layers):
+            return None
+        if self._stack is not None and self._stack[0] is kv_caches:
+            return self._stack[1]
+        cfg = self.config
+        shape = LayerShape(
+            cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+        )
+        stack = DecoderStack(shape, self.int8_activations)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            assert isinstance(layer, LlamaDecoderLayer)
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+            quant = [p for p in projections if isinstance(p, QuantLinear)]
+            if len(quant) != len(projections):
+                return None
+            qkv, o, gate_up, down = quant
+            stack.add_layer(
+                layer.input_layernorm.weight,
+                layer.post_attention_layernorm.weight,
+                qkv.qweight,
+                qkv.bias,
+                o.qweight,
+                gate_up.qweight,
+                down.qweight,
+                k_cache,
+                v_cache,
+            )
+        self._stack = (kv_caches, stack)
+        return stack
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
         if self.quant_head is not None:

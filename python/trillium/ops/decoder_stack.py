@@ -1,0 +1,142 @@
+"""Every decoder layer of a step in one core call: a typed wrapper over ``_core.DecoderStack``.
+
+For fp32 CPU activations with block-quantized projections (the default serving path), a step's
+~10 operations per layer -- norms, projections, RoPE, KV store, attention, SiLU-mul -- each cost a
+Python call with its checks; at batch 1 that dispatch was ~25% of a decode step. The core runs
+the same kernels, in the same order and with the same arithmetic, from one call
+(cpp/include/trillium/kernels/decoder_layer.h), so results equal the per-operation path's.
+
+The stack keeps the addresses of the weights and KV pools it was built with: they must stay
+alive and in place (the model and the runner own them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trillium import _core
+from trillium.ops.attention import AttentionMetadata
+from trillium.ops.kernel_specs import DTYPE_CODES
+from trillium.ops.quant_linear import QuantWeight
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    hidden: int
+    intermediate: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float
+
+
+def _weight(w: QuantWeight) -> tuple[int, int, int, int, int, int]:
+    return (w.out_features, w.in_features, w.bits, w.codes.data_ptr(), w.scales.data_ptr(), w.mins.data_ptr())
+
+
+class DecoderStack:
+    """The layers of one model bound to one set of KV pools; :meth:`forward` runs a step."""
+
+    def __init__(self, shape: LayerShape, int8_activations: bool) -> None:
+        self.shape = shape
+        self.int8_activations = int8_activations
+        self._core = _core.DecoderStack()
+        self._keep: list[torch.Tensor] = []  # tensors whose addresses the core holds
+
+    def add_layer(
+        self,
+        input_norm: torch.Tensor,  # [H] fp32
+        post_attention_norm: torch.Tensor,  # [H] fp32
+        qkv: QuantWeight,
+        qkv_bias: torch.Tensor | None,  # [(Hq + 2 Hkv) D] fp32
+        o: QuantWeight,
+        gate_up: QuantWeight,
+        down: QuantWeight,
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], fp32 or bf16
+        v_cache: torch.Tensor,
+    ) -> None:
+        """Append the next layer. ValueError on a tensor the core cannot take (dtype, device,
+        layout or size)."""
+        s = self.shape
+        vectors = [input_norm, post_attention_norm] + ([] if qkv_bias is None else [qkv_bias])
+        if any(t.dtype != torch.float32 or not t.is_cpu or not t.is_contiguous() for t in vectors):
+            raise ValueError("norm weights and the qkv bias must be contiguous fp32 CPU tensors")
+        code = DTYPE_CODES.get(k_cache.dtype)
+        pool = (k_cache.shape[2], k_cache.shape[3]) if k_cache.dim() == 4 else None
+        if (
+            code is None
+            or pool != (s.num_kv_heads, s.head_dim)
+            or v_cache.shape != k_cache.shape
+            or v_cache.dtype != k_cache.dtype
+            or not (k_cache.is_cpu and k_cache.is_contiguous() and v_cache.is_cpu and v_cache.is_contiguous())
+        ):
+            raise ValueError(
+                f"KV pools must be equal contiguous CPU [blocks, block_size, {s.num_kv_heads}, {s.head_dim}]"
+            )
+        self._core.add_layer(
+            hidden=s.hidden,
+            intermediate=s.intermediate,
+            num_q_heads=s.num_q_heads,
+            num_kv_heads=s.num_kv_heads,
+            head_dim=s.head_dim,
+            rms_eps=s.rms_eps,
+            input_norm=input_norm.data_ptr(),
+            post_attention_norm=post_attention_norm.data_ptr(),
+            qkv=_weight(qkv),
+            qkv_bias=0 if qkv_bias is None else qkv_bias.data_ptr(),
+            o=_weight(o),
+            gate_up=_weight(gate_up),
+            down=_weight(down),
+            k_cache=k_cache.data_ptr(),
+            v_cache=v_cache.data_ptr(),
+            kv_dtype=code,
+            num_blocks=k_cache.shape[0],
+            block_size=k_cache.shape[1],
+        )
+        self._keep += [*vectors, k_cache, v_cache]
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [T, H] fp32 contiguous: the embeddings; overwritten
+        positions: torch.Tensor,  # [T] int64 contiguous
+        rope_cos: torch.Tensor,  # [max_positions, D/2] fp32
+        rope_sin: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run every layer: returns (the last layer's MLP output, the residual stream before it),
+        ``hidden`` itself being the first. ValueError on inconsistent inputs."""
+        tokens = hidden.shape[0]
+        if (
+            hidden.dtype != torch.float32
+            or hidden.shape != (tokens, self.shape.hidden)
+            or not hidden.is_contiguous()
+            or positions.dtype != torch.int64
+            or positions.shape != (tokens,)
+            or not positions.is_contiguous()
+            or sum(meta.query_lens) != tokens
+        ):
+            raise ValueError(f"hidden must be contiguous fp32 [T, {self.shape.hidden}] with int64 positions [T]")
+        residual = torch.empty_like(hidden)
+        self._core.forward(
+            hidden=hidden.data_ptr(),
+            residual=residual.data_ptr(),
+            num_tokens=tokens,
+            num_requests=len(meta.query_lens),
+            decode=meta.max_query_len == 1,
+            query_start_loc=meta.query_start_loc.data_ptr(),
+            context_lens=meta.context_lens.data_ptr(),
+            block_tables=meta.block_tables.data_ptr(),
+            block_table_stride=meta.block_tables.shape[1],
+            slot_mapping=meta.slot_mapping.data_ptr(),
+            positions=positions.data_ptr(),
+            rope_cos=rope_cos.data_ptr(),
+            rope_sin=rope_sin.data_ptr(),
+            rope_max_positions=rope_cos.shape[0],
+            attn_scale=scale,
+            int8_activations=self.int8_activations,
+            num_threads=torch.get_num_threads(),
+        )
+        return hidden, residual
