@@ -309,7 +309,7 @@ def vllm_client(args, base_url: str, model: str, engine: str, result_file: str) 
             "--dataset-name", "random",
             "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.max_tokens),
-            "--num-prompts", str(max(args.num_requests, 2 * concurrency)),
+            "--num-prompts", str(max(args.num_requests, concurrency)),
             "--max-concurrency", str(concurrency),
             "--ignore-eos",
             "--percentile-metrics", "ttft,tpot,itl,e2el",

@@ -326,6 +326,10 @@ template <int MR, int BITS>
 void direct_rows(const float* x, int64_t x_stride, const QuantWeightView& w, int64_t r0, int64_t group_begin,
                  int64_t group_end, const float* bias, float* out, int64_t out_stride) {
   int64_t g = group_begin;
+  if constexpr (MR == 1) {
+    // One row: 4 groups give 4 independent fma chains (2 leave the FMA units waiting on latency).
+    for (; g + 4 <= group_end; g += 4) direct_tile<1, 4, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
+  }
   for (; g + 2 <= group_end; g += 2) direct_tile<MR, 2, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
   if (g < group_end) direct_tile<MR, 1, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
 }
