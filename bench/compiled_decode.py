@@ -12,9 +12,7 @@ of one decode forward + compute_logits at ``--context`` tokens of context for
     eager      LlamaForCausalLM.forward + compute_logits, per operation (``fused_layers`` off)
     stack      the same with ``fused_layers`` on: every decoder layer in one core call
     op_eager   models.compiled.decode_forward uncompiled (the torch.ops.trillium.* operators)
-    compiled   decode_forward through torch.compile (inductor, dynamic=False), evaluating only
-               the guards that tell its buckets apart (CompiledDecoder's default)
-    compiled_guarded   the same graphs with every dynamo guard evaluated
+    compiled   decode_forward through torch.compile (inductor, dynamic=False)
 
     kernels    only the C++ kernel calls of one ``eager`` step, replayed (a floor, see kernel_replay)
 
@@ -85,7 +83,7 @@ def main() -> None:
     kv_caches = model.allocate_kv_caches(num_blocks, BLOCK_SIZE, torch.float32)
 
     compiled = CompiledDecoder(model, kv_caches, BLOCK_SIZE, width, buckets=batches, mode=args.mode)
-    guarded = CompiledDecoder(model, kv_caches, BLOCK_SIZE, width, buckets=batches, mode=args.mode, skip_guards=False)
+    again = CompiledDecoder(model, kv_caches, BLOCK_SIZE, width, buckets=batches, mode=args.mode)
     op_eager = CompiledDecoder(model, kv_caches, BLOCK_SIZE, width, buckets=batches, compile=False)
     seconds = compiled.warm_up()
     emit(
@@ -94,7 +92,7 @@ def main() -> None:
         mode=args.mode,
         seconds={b: round(s, 2) for b, s in seconds.items()},
         # the same graphs again in this process: dynamo traces, inductor's caches answer
-        again_seconds={b: round(s, 2) for b, s in guarded.warm_up().items()},
+        again_seconds={b: round(s, 2) for b, s in again.warm_up().items()},
     )
 
     check(model, compiled, load_tokenizer(path), args.check_steps, blocks_per_request)
@@ -105,12 +103,12 @@ def main() -> None:
         tables = perm.view(batch, blocks_per_request).tolist()
         ids = torch.randint(0, cfg.vocab_size, (batch,), generator=gen).tolist()
         positions = [args.context - 1] * batch
-        times = time_step(model, kv_caches, compiled, guarded, op_eager, ids, positions, tables, args)
+        times = time_step(model, kv_caches, compiled, op_eager, ids, positions, tables, args)
         speedup = round(times["eager_ms"] / times["compiled_ms"], 3)
         emit(event="step", batch=batch, context=args.context, **times, speedup=speedup)
 
 
-def time_step(model, kv_caches, compiled, guarded, op_eager, ids, positions, tables, args) -> dict[str, float]:
+def time_step(model, kv_caches, compiled, op_eager, ids, positions, tables, args) -> dict[str, float]:
     """Median ms per step of each variant (inputs prepared once), and of preparing the inputs."""
 
     def build_meta():
@@ -133,7 +131,6 @@ def time_step(model, kv_caches, compiled, guarded, op_eager, ids, positions, tab
         "stack": eager(True),
         "op_eager": lambda: op_eager.run(inputs),
         "compiled": lambda: compiled.run(inputs),
-        "compiled_guarded": lambda: guarded.run(inputs),
         "kernels": kernel_replay(eager(False)),
         "prepare_eager": build_meta,
         "prepare_compiled": lambda: compiled.prepare(ids, positions, tables),
