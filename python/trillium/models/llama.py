@@ -187,8 +187,7 @@ class LlamaForCausalLM(nn.Module):
         stack = self._decoder_stack(kv_caches, hidden, rope)
         residual: torch.Tensor | None = None
         if stack is not None:
-            scale = self.config.head_dim**-0.5  # as LlamaAttention.scale
-            hidden, residual = stack.forward(hidden, rope.positions, rope.table_cos, rope.table_sin, meta, scale)
+            hidden, residual = stack.forward(hidden, rope.positions, rope.table_cos, rope.table_sin, meta)
         else:
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
                 hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
@@ -205,9 +204,16 @@ class LlamaForCausalLM(nn.Module):
             return None
         if self._stack is not None and self._stack[0] is kv_caches:
             return self._stack[1]
-        cfg = self.config
+        cfg, first = self.config, self.layers[0]
+        assert isinstance(first, LlamaDecoderLayer)
         shape = LayerShape(
-            cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.rms_norm_eps,
+            first.self_attn.scale,
         )
         stack = DecoderStack(shape, self.int8_activations)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):

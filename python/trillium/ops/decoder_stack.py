@@ -19,7 +19,7 @@ import torch
 from trillium import _core
 from trillium.ops.attention import AttentionMetadata
 from trillium.ops.kernel_specs import DTYPE_CODES
-from trillium.ops.quant_linear import QuantWeight
+from trillium.ops.quant_linear import QuantWeight, _weight_args
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,13 @@ class LayerShape:
     num_kv_heads: int
     head_dim: int
     rms_eps: float
+    attn_scale: float  # softmax scale of every layer's attention
 
 
 def _weight(w: QuantWeight) -> tuple[int, int, int, int, int, int]:
-    return (w.out_features, w.in_features, w.bits, w.codes.data_ptr(), w.scales.data_ptr(), w.mins.data_ptr())
+    """The kernel's weight arguments without the bias (passed on its own)."""
+    n, k, bits, codes, scales, mins, _ = _weight_args(w, None)
+    return (n, k, bits, codes, scales, mins)
 
 
 class DecoderStack:
@@ -104,7 +107,6 @@ class DecoderStack:
         rope_cos: torch.Tensor,  # [max_positions, D/2] fp32
         rope_sin: torch.Tensor,
         meta: AttentionMetadata,
-        scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run every layer: returns (the last layer's MLP output, the residual stream before it),
         ``hidden`` itself being the first. ValueError on inconsistent inputs."""
@@ -135,7 +137,7 @@ class DecoderStack:
             rope_cos=rope_cos.data_ptr(),
             rope_sin=rope_sin.data_ptr(),
             rope_max_positions=rope_cos.shape[0],
-            attn_scale=scale,
+            attn_scale=self.shape.attn_scale,
             int8_activations=self.int8_activations,
             num_threads=torch.get_num_threads(),
         )
