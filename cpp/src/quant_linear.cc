@@ -22,8 +22,13 @@ using kernels::QuantLinearKernels;
 
 namespace {
 
+// Groups rounded up to whole tiles: what the packed buffers hold.
+int64_t padded_groups(int64_t out_features) {
+  return (quant_linear_groups(out_features) + kQuantTileGroups - 1) / kQuantTileGroups * kQuantTileGroups;
+}
+
 constexpr int64_t kRowChunk = 64;      // rows whose int8 codes stay in L2 while weights stream past
-constexpr int64_t kGroupsPerItem = 4;  // 32 output features per work item
+constexpr int64_t kGroupsPerItem = kQuantTileGroups;  // one tile (32 output features) per work item
 
 int64_t block_bytes(int32_t bits) { return kQuantBlock * kQuantGroupCols * bits / 8; }
 
@@ -59,7 +64,7 @@ void quantize_rows_portable(const float* x, int64_t x_stride, int64_t row_begin,
 inline int32_t packed_code(const QuantWeightView& w, int64_t g, int64_t c, int64_t k) {
   const int64_t nb = w.in_features / kQuantBlock, b = k / kQuantBlock, kk = k % kQuantBlock;
   const int64_t quad = kk / 4, j = kk % 4;
-  const uint8_t* base = static_cast<const uint8_t*>(w.codes) + (g * nb + b) * block_bytes(w.bits);
+  const uint8_t* base = static_cast<const uint8_t*>(w.codes) + kernels::quant_record(g, b, nb) * block_bytes(w.bits);
   if (w.bits == 8) return static_cast<int8_t>(base[quad * 32 + c * 4 + j]);
   const uint8_t byte = base[(quad % 4) * 32 + c * 4 + j];
   return quad < 4 ? (byte & 0x0F) : (byte >> 4);
@@ -78,8 +83,9 @@ void gemm_portable(const QuantActs& a, const QuantWeightView& w, int64_t row_beg
           int32_t dot = 0;
           const int8_t* q = a.codes + r * K + b * kQuantBlock;
           for (int64_t kk = 0; kk < kQuantBlock; ++kk) dot += packed_code(w, g, c, b * kQuantBlock + kk) * q[kk];
-          const float dw = w.scales[(g * nb + b) * kQuantGroupCols + c];
-          const float mw = w.mins[(g * nb + b) * kQuantGroupCols + c];
+          const int64_t at = kernels::quant_record(g, b, nb) * kQuantGroupCols + c;
+          const float dw = w.scales[at];
+          const float mw = w.mins[at];
           acc = std::fma(static_cast<float>(dot), dw * a.scale[r * nb + b], acc);
           acc = std::fma(mw, a.scaled_sum[r * nb + b], acc);
         }
@@ -100,7 +106,7 @@ void gemm_f32_portable(const float* x, int64_t x_stride, const QuantWeightView& 
       const int64_t n = g * kQuantGroupCols + c;
       if (n >= N) break;
       for (int64_t k = 0; k < K; ++k) {
-        const int64_t at = (g * nb + k / kQuantBlock) * kQuantGroupCols + c;
+        const int64_t at = kernels::quant_record(g, k / kQuantBlock, nb) * kQuantGroupCols + c;
         col[k] = std::fma(static_cast<float>(packed_code(w, g, c, k)), w.scales[at], w.mins[at]);
       }
       for (int64_t r = row_begin; r < row_end; ++r) {
@@ -134,11 +140,11 @@ QuantLinearKernels quant_linear_portable_kernels() {
 int64_t quant_linear_groups(int64_t out_features) { return (out_features + kQuantGroupCols - 1) / kQuantGroupCols; }
 
 int64_t quant_linear_packed_bytes(int64_t out_features, int64_t in_features, int32_t bits) {
-  return quant_linear_groups(out_features) * (in_features / kQuantBlock) * block_bytes(bits);
+  return padded_groups(out_features) * (in_features / kQuantBlock) * block_bytes(bits);
 }
 
 int64_t quant_linear_scale_count(int64_t out_features, int64_t in_features) {
-  return quant_linear_groups(out_features) * (in_features / kQuantBlock) * kQuantGroupCols;
+  return padded_groups(out_features) * (in_features / kQuantBlock) * kQuantGroupCols;
 }
 
 // ------------------------------------------------------------------------------------- packing
@@ -158,11 +164,14 @@ Status quant_linear_pack(const int8_t* codes, const float* scale, const float* m
   }
   auto* out = static_cast<uint8_t*>(packed_codes);
   std::memset(out, 0, static_cast<size_t>(quant_linear_packed_bytes(N, K, bits)));
+  std::memset(packed_scales, 0, static_cast<size_t>(quant_linear_scale_count(N, K)) * sizeof(float));
+  std::memset(packed_mins, 0, static_cast<size_t>(quant_linear_scale_count(N, K)) * sizeof(float));
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t b = 0; b < nb; ++b) {
-      uint8_t* dst = out + (g * nb + b) * block_bytes(bits);
-      float* ds = packed_scales + (g * nb + b) * kQuantGroupCols;
-      float* dm = packed_mins + (g * nb + b) * kQuantGroupCols;
+      const int64_t record = kernels::quant_record(g, b, nb);
+      uint8_t* dst = out + record * block_bytes(bits);
+      float* ds = packed_scales + record * kQuantGroupCols;
+      float* dm = packed_mins + record * kQuantGroupCols;
       for (int64_t c = 0; c < kQuantGroupCols; ++c) {
         const int64_t n = g * kQuantGroupCols + c;
         ds[c] = n < N ? scale[n * nb + b] : 0.0f;
@@ -215,7 +224,8 @@ Status quant_linear(const QuantLinearArgs& a) {
       const int64_t r0 = chunk * kRowChunk, r1 = std::min(M, r0 + kRowChunk);
       const int64_t g0 = gi * kGroupsPerItem, g1 = std::min(groups, g0 + kGroupsPerItem);
       thread_local std::vector<float> panel;  // per OpenMP thread, reused across calls
-      if (panel.size() < static_cast<size_t>(K * 16)) panel.resize(static_cast<size_t>(K * 16));
+      const auto panel_floats = static_cast<size_t>(K * kQuantTileGroups * kQuantGroupCols);
+      if (panel.size() < panel_floats) panel.resize(panel_floats);
       k.gemm_f32(a.x, a.x_stride, w, r0, r1, g0, g1, a.bias, a.out, a.out_stride, panel.data());
     }
     return Status::Ok();

@@ -12,6 +12,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -111,18 +112,17 @@ void tile(const QuantActs& a, const QuantWeightView& w, int64_t r0, int64_t g, c
           int64_t out_stride) {
   const int64_t nb = a.blocks, K = a.in_features;
   constexpr int64_t kBlockBytes = kQuantBlock * kQuantGroupCols * BITS / 8;
-  const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes) + g * nb * kBlockBytes;
-  const float* wscale = w.scales + g * nb * kQuantGroupCols;
-  const float* wmin = w.mins + g * nb * kQuantGroupCols;
+  const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes);
   __m256 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const int8_t* xb[MR];
     for (int r = 0; r < MR; ++r) xb[r] = a.codes + (r0 + r) * K + b * kQuantBlock;
     __m256i dots[MR];
-    block_dots<MR, BITS>(wcodes + b * kBlockBytes, xb, dots);
-    const __m256 dw = _mm256_loadu_ps(wscale + b * kQuantGroupCols);
-    const __m256 mw = _mm256_loadu_ps(wmin + b * kQuantGroupCols);
+    const int64_t record = quant_record(g, b, nb);
+    block_dots<MR, BITS>(wcodes + record * kBlockBytes, xb, dots);
+    const __m256 dw = _mm256_loadu_ps(w.scales + record * kQuantGroupCols);
+    const __m256 mw = _mm256_loadu_ps(w.mins + record * kQuantGroupCols);
     for (int r = 0; r < MR; ++r) {
       const __m256 sx = _mm256_set1_ps(a.scale[(r0 + r) * nb + b]);
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r]), _mm256_mul_ps(dw, sx), acc[r]);
@@ -170,36 +170,53 @@ void gemm_avx2(const QuantActs& a, const QuantWeightView& w, int64_t row_begin, 
 }
 
 // ------------------------------------------------------------------ exact path (fp32 activations)
-// Dequantize group g's codes for all of K into panel[k * stride + offset .. + 8] (fp32):
-// w = fma(code, scale, min), the same fma as the portable path.
+// Byte j of every 32-bit lane of `quad` as an int32: sign-extended for 8-bit codes, zero-extended
+// for 4-bit ones (already masked to a nibble). Two shifts at most (one for j = 3, and a mask for
+// 4-bit j = 0): a decode step spends most of its projection time here, one call per k and group.
 template <int BITS>
-void dequant_panel(const QuantWeightView& w, int64_t g, float* panel, int64_t stride, int64_t offset) {
+inline __m256i lane_code(__m256i quad, int j) {
+  if constexpr (BITS == 8) {
+    return j == 3 ? _mm256_srai_epi32(quad, 24) : _mm256_srai_epi32(_mm256_slli_epi32(quad, 24 - 8 * j), 24);
+  } else {
+    if (j == 3) return _mm256_srli_epi32(quad, 24);
+    const __m256i byte = _mm256_set1_epi32(0xFF);
+    return j == 0 ? _mm256_and_si256(quad, byte) : _mm256_and_si256(_mm256_srli_epi32(quad, 8 * j), byte);
+  }
+}
+
+// Dequantize groups [g, g + ng) of one tile (g a multiple of kQuantTileGroups) for all of K, in
+// record order so the codes are read as one sequential run. Group g + j goes to half j / 2 of the
+// panel (half_panel floats each, 16 features wide: two groups side by side), columns (j % 2) * 8
+// .. + 8 of each k row. w = fma(code, scale, min), the same fma as the portable path.
+template <int BITS>
+void dequant_tile(const QuantWeightView& w, int64_t g, int64_t ng, float* panel, int64_t half_panel) {
   const int64_t nb = w.in_features / kQuantBlock;
   constexpr int64_t kBlockBytes = kQuantBlock * kQuantGroupCols * BITS / 8;
-  const uint8_t* codes = static_cast<const uint8_t*>(w.codes) + g * nb * kBlockBytes;
-  const __m256i byte = _mm256_set1_epi32(0xFF);
+  constexpr int64_t kStride = 2 * kQuantGroupCols;
+  const uint8_t* codes = static_cast<const uint8_t*>(w.codes);
   for (int64_t b = 0; b < nb; ++b) {
-    const __m256 d = _mm256_loadu_ps(w.scales + (g * nb + b) * kQuantGroupCols);
-    const __m256 m = _mm256_loadu_ps(w.mins + (g * nb + b) * kQuantGroupCols);
-    float* dst = panel + b * kQuantBlock * stride + offset;
-    // Lane c of a 32-byte load = the 4 codes (k .. k+3) of column c; byte j is k + j.
-    auto emit = [&](__m256i quad, int64_t quad_index) {
-      for (int j = 0; j < 4; ++j) {
-        __m256i q = _mm256_and_si256(_mm256_srli_epi32(quad, 8 * j), byte);
-        if constexpr (BITS == 8) q = _mm256_srai_epi32(_mm256_slli_epi32(q, 24), 24);  // sign-extend int8
-        const __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m);
-        _mm256_storeu_ps(dst + (quad_index * 4 + j) * stride, wv);
-      }
-    };
-    const uint8_t* wb = codes + b * kBlockBytes;
-    if constexpr (BITS == 8) {
-      for (int q = 0; q < 8; ++q) emit(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + q * 32)), q);
-    } else {
-      const __m256i low = _mm256_set1_epi8(0x0F);
-      for (int p = 0; p < 4; ++p) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + p * 32));
-        emit(_mm256_and_si256(v, low), p);
-        emit(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), p + 4);
+    for (int64_t j = 0; j < ng; ++j) {
+      const int64_t record = quant_record(g + j, b, nb);
+      const __m256 d = _mm256_loadu_ps(w.scales + record * kQuantGroupCols);
+      const __m256 m = _mm256_loadu_ps(w.mins + record * kQuantGroupCols);
+      float* dst = panel + (j / 2) * half_panel + b * kQuantBlock * kStride + (j % 2) * kQuantGroupCols;
+      // Lane c of a 32-byte load = the 4 codes (k .. k+3) of column c; byte i is k + i.
+      auto emit = [&](__m256i quad, int64_t quad_index) {
+        for (int i = 0; i < 4; ++i) {
+          const __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_code<BITS>(quad, i)), d, m);
+          _mm256_storeu_ps(dst + (quad_index * 4 + i) * kStride, wv);
+        }
+      };
+      const uint8_t* wb = codes + record * kBlockBytes;
+      if constexpr (BITS == 8) {
+        for (int q = 0; q < 8; ++q) emit(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + q * 32)), q);
+      } else {
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        for (int p = 0; p < 4; ++p) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + p * 32));
+          emit(_mm256_and_si256(v, low), p);
+          emit(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), p + 4);
+        }
       }
     }
   }
@@ -208,8 +225,8 @@ void dequant_panel(const QuantWeightView& w, int64_t g, float* panel, int64_t st
 // MR rows x NG groups (8 features each) over all of K from the panel; fma order along k as the
 // portable path: acc = fma(w, x, acc).
 template <int MR, int NG>
-void panel_tile(const float* x, int64_t x_stride, const float* panel, int64_t K, int64_t r0, int64_t n0, int64_t N,
-                const float* bias, float* out, int64_t out_stride) {
+void panel_tile(const float* x, int64_t x_stride, const float* panel, int64_t panel_stride, int64_t K, int64_t r0,
+                int64_t n0, int64_t N, const float* bias, float* out, int64_t out_stride) {
   // Flat accumulator array and a separate epilogue buffer: with acc[MR][NG] GCC kept every
   // accumulator in memory too and stored all of them on each k (3x slower).
   __m256 acc[MR * NG];
@@ -217,8 +234,8 @@ void panel_tile(const float* x, int64_t x_stride, const float* panel, int64_t K,
   for (int i = 0; i < MR * NG; ++i) acc[i] = _mm256_setzero_ps();
   const float* xr = x + r0 * x_stride;
   for (int64_t k = 0; k < K; ++k) {
-    const __m256 w0 = _mm256_loadu_ps(panel + k * (NG * 8));
-    const __m256 w1 = NG == 2 ? _mm256_loadu_ps(panel + k * (NG * 8) + 8) : w0;
+    const __m256 w0 = _mm256_loadu_ps(panel + k * panel_stride);
+    const __m256 w1 = NG == 2 ? _mm256_loadu_ps(panel + k * panel_stride + 8) : w0;
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const __m256 xv = _mm256_broadcast_ss(xr + r * x_stride + k);
@@ -241,16 +258,17 @@ void panel_tile(const float* x, int64_t x_stride, const float* panel, int64_t K,
 }
 
 template <int NG>
-void panel_rows(const float* x, int64_t x_stride, const float* panel, int64_t K, int64_t row_begin, int64_t row_end,
-                int64_t n0, int64_t N, const float* bias, float* out, int64_t out_stride) {
+void panel_rows(const float* x, int64_t x_stride, const float* panel, int64_t panel_stride, int64_t K,
+                int64_t row_begin, int64_t row_end, int64_t n0, int64_t N, const float* bias, float* out,
+                int64_t out_stride) {
   int64_t r = row_begin;
-  for (; r + 6 <= row_end; r += 6) panel_tile<6, NG>(x, x_stride, panel, K, r, n0, N, bias, out, out_stride);
+  for (; r + 6 <= row_end; r += 6) panel_tile<6, NG>(x, x_stride, panel, panel_stride, K, r, n0, N, bias, out, out_stride);
   switch (row_end - r) {
-    case 5: panel_tile<5, NG>(x, x_stride, panel, K, r, n0, N, bias, out, out_stride); break;
-    case 4: panel_tile<4, NG>(x, x_stride, panel, K, r, n0, N, bias, out, out_stride); break;
-    case 3: panel_tile<3, NG>(x, x_stride, panel, K, r, n0, N, bias, out, out_stride); break;
-    case 2: panel_tile<2, NG>(x, x_stride, panel, K, r, n0, N, bias, out, out_stride); break;
-    case 1: panel_tile<1, NG>(x, x_stride, panel, K, r, n0, N, bias, out, out_stride); break;
+    case 5: panel_tile<5, NG>(x, x_stride, panel, panel_stride, K, r, n0, N, bias, out, out_stride); break;
+    case 4: panel_tile<4, NG>(x, x_stride, panel, panel_stride, K, r, n0, N, bias, out, out_stride); break;
+    case 3: panel_tile<3, NG>(x, x_stride, panel, panel_stride, K, r, n0, N, bias, out, out_stride); break;
+    case 2: panel_tile<2, NG>(x, x_stride, panel, panel_stride, K, r, n0, N, bias, out, out_stride); break;
+    case 1: panel_tile<1, NG>(x, x_stride, panel, panel_stride, K, r, n0, N, bias, out, out_stride); break;
     default: break;
   }
 }
@@ -264,7 +282,7 @@ void direct_tile(const float* x, int64_t x_stride, const QuantWeightView& w, int
   const int64_t nb = w.in_features / kQuantBlock;
   constexpr int64_t kBlockBytes = kQuantBlock * kQuantGroupCols * BITS / 8;
   const uint8_t* codes = static_cast<const uint8_t*>(w.codes);
-  const __m256i byte = _mm256_set1_epi32(0xFF), low = _mm256_set1_epi8(0x0F);
+  const __m256i low = _mm256_set1_epi8(0x0F);
   __m256 acc[MR * NG];
 #pragma GCC unroll 16
   for (int i = 0; i < MR * NG; ++i) acc[i] = _mm256_setzero_ps();
@@ -273,9 +291,10 @@ void direct_tile(const float* x, int64_t x_stride, const QuantWeightView& w, int
     const uint8_t* wb[NG];
 #pragma GCC unroll 4
     for (int jg = 0; jg < NG; ++jg) {
-      d[jg] = _mm256_loadu_ps(w.scales + ((g0 + jg) * nb + b) * kQuantGroupCols);
-      m[jg] = _mm256_loadu_ps(w.mins + ((g0 + jg) * nb + b) * kQuantGroupCols);
-      wb[jg] = codes + ((g0 + jg) * nb + b) * kBlockBytes;
+      const int64_t record = quant_record(g0 + jg, b, nb);
+      d[jg] = _mm256_loadu_ps(w.scales + record * kQuantGroupCols);
+      m[jg] = _mm256_loadu_ps(w.mins + record * kQuantGroupCols);
+      wb[jg] = codes + record * kBlockBytes;
     }
 #pragma GCC unroll 8
     for (int quad = 0; quad < 8; ++quad) {
@@ -295,9 +314,7 @@ void direct_tile(const float* x, int64_t x_stride, const QuantWeightView& w, int
         __m256 wv[NG];
 #pragma GCC unroll 4
         for (int jg = 0; jg < NG; ++jg) {
-          __m256i q = _mm256_and_si256(_mm256_srli_epi32(src[jg], 8 * j), byte);
-          if constexpr (BITS == 8) q = _mm256_srai_epi32(_mm256_slli_epi32(q, 24), 24);
-          wv[jg] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d[jg], m[jg]);
+          wv[jg] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_code<BITS>(src[jg], j)), d[jg], m[jg]);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < MR; ++r) {
@@ -356,20 +373,27 @@ void gemm_f32_avx2(const float* x, int64_t x_stride, const QuantWeightView& w, i
     }
     return;
   }
-  // Two groups (16 features) per panel: the 12 accumulators of a 6 x 16 tile keep both FMA pipes busy.
-  for (int64_t g = group_begin; g < group_end; g += 2) {
-    const int ng = g + 1 < group_end ? 2 : 1;
-    for (int j = 0; j < ng; ++j) {
-      if (w.bits == 4) {
-        dequant_panel<4>(w, g + j, panel, ng * 8, j * 8);
-      } else {
-        dequant_panel<8>(w, g + j, panel, ng * 8, j * 8);
-      }
-    }
-    if (ng == 2) {
-      panel_rows<2>(x, x_stride, panel, K, row_begin, row_end, g * 8, w.out_features, bias, out, out_stride);
+  // One tile (4 groups, 32 features) dequantized per pass, in record order: the tile's codes are
+  // one sequential run (quant_linear.h). Then 6 x 16 register tiles over each half of the panel
+  // (12 accumulators keep both FMA pipes busy; a 16-wide half keeps each k row in one line).
+  const int64_t half_panel = K * 2 * kQuantGroupCols;
+  for (int64_t g = group_begin; g < group_end; g += kQuantTileGroups) {
+    const int64_t ng = std::min<int64_t>(kQuantTileGroups, group_end - g);
+    if (w.bits == 4) {
+      dequant_tile<4>(w, g, ng, panel, half_panel);
     } else {
-      panel_rows<1>(x, x_stride, panel, K, row_begin, row_end, g * 8, w.out_features, bias, out, out_stride);
+      dequant_tile<8>(w, g, ng, panel, half_panel);
+    }
+    for (int64_t j = 0; j < ng; j += 2) {
+      const float* half = panel + (j / 2) * half_panel;
+      const int64_t n0 = (g + j) * kQuantGroupCols;
+      if (j + 1 < ng) {
+        panel_rows<2>(x, x_stride, half, 2 * kQuantGroupCols, K, row_begin, row_end, n0, w.out_features, bias, out,
+                      out_stride);
+      } else {
+        panel_rows<1>(x, x_stride, half, 2 * kQuantGroupCols, K, row_begin, row_end, n0, w.out_features, bias, out,
+                      out_stride);
+      }
     }
   }
 }

@@ -28,7 +28,7 @@ using GemmTileFn = void (*)(const QuantActs& acts, const QuantWeightView& w, int
 
 // fp32 activations (the exact path): out rows [row_begin, row_end) x output groups
 // [group_begin, group_end), weights dequantized (scale * code + min, one fma) into fp32 panels.
-// `panel` is scratch for 16 x K floats, owned by the calling thread.
+// `panel` is scratch for kQuantTileGroups * kQuantGroupCols x K floats, owned by the calling thread.
 using GemmF32Fn = void (*)(const float* x, int64_t x_stride, const QuantWeightView& w, int64_t row_begin,
                            int64_t row_end, int64_t group_begin, int64_t group_end, const float* bias, float* out,
                            int64_t out_stride, float* panel);
@@ -43,6 +43,12 @@ QuantLinearKernels quant_linear_portable_kernels();
 #if defined(__x86_64__)
 QuantLinearKernels quant_linear_avx2_kernels();
 #endif
+
+// Index of the record (group g, block b) in the packed layout (quant_linear.h), nb = K / 32:
+// codes at record * block bytes, scales and mins at record * kQuantGroupCols.
+inline int64_t quant_record(int64_t g, int64_t b, int64_t nb) {
+  return ((g / kQuantTileGroups) * nb + b) * kQuantTileGroups + g % kQuantTileGroups;
+}
 
 // Scale of one 32-wide activation block and its reciprocal, computed identically by every ISA.
 inline void quant_block_scale(float amax, float* scale, float* inv_scale) {

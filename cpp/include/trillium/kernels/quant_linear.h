@@ -15,13 +15,17 @@
 //    activation rounding moves a small model's logits visibly (relative error ~1e-3 per matmul).
 //
 // Packed layout (quant_linear_pack writes it; callers treat it as opaque bytes). Output features
-// go in groups of 8 (N padded with zero codes to a multiple of 8); for group g and block b the
-// codes of its 8 x 32 weights are one contiguous run, groups outer, blocks inner:
+// go in groups of 8, and groups in tiles of 4 (N padded with zero codes to a multiple of 32). The
+// codes of group g's 8 x 32 weights in block b are one contiguous record:
 //   bits 8: 8 k-quads x [8 columns x 4 consecutive k] int8            (256 bytes)
 //   bits 4: 4 vectors x [8 columns x 4 consecutive k] bytes            (128 bytes), the low nibble
 //           holding k-quad p and the high nibble k-quad p + 4 of the block
-// and scales / mins as float[groups][K / 32][8]. One 32-byte load thus feeds 8 output columns,
-// which is what the integer dot-product instructions (pmaddubsw / vpdpbusd) want.
+// Records go tile-major: [tile g / 4][block b][g % 4], and scales / mins (8 floats per record)
+// the same way. One 32-byte load thus feeds 8 output columns, which is what the integer
+// dot-product instructions (pmaddubsw / vpdpbusd) want; and a thread computing whole tiles reads
+// its weights as one sequential stream. (Groups outer, blocks inner, made each group a separate
+// stream only K / 32 records long, 4.6 KB at K = 576: too short for the hardware prefetcher, and
+// a decode step ran at half the machine's memory bandwidth.)
 //
 // Framework-free: raw pointers, sizes and strides (in elements); no Python, no torch.
 #pragma once
@@ -34,9 +38,10 @@ namespace trillium {
 
 constexpr int64_t kQuantBlock = 32;     // weights per scale along K
 constexpr int64_t kQuantGroupCols = 8;  // output features per packed group
+constexpr int64_t kQuantTileGroups = 4; // groups per tile (see the layout above)
 
 // Packed sizes for an [N, K] weight with `bits` bits per code.
-int64_t quant_linear_groups(int64_t out_features);
+int64_t quant_linear_groups(int64_t out_features);  // groups holding real features (the tiles pad past them)
 int64_t quant_linear_packed_bytes(int64_t out_features, int64_t in_features, int32_t bits);
 int64_t quant_linear_scale_count(int64_t out_features, int64_t in_features);  // floats in scales (and in mins)
 
