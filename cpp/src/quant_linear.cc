@@ -85,7 +85,7 @@ void gemm_portable(const QuantActs& a, const QuantWeightView& w, int64_t row_beg
           for (int64_t kk = 0; kk < kQuantBlock; ++kk) dot += packed_code(w, g, c, b * kQuantBlock + kk) * q[kk];
           const int64_t at = kernels::quant_record(g, b, nb) * kQuantGroupCols + c;
           const float dw = w.scales[at];
-          const float mw = w.mins[at];
+          const float mw = w.mins ? w.mins[at] : 0.0f;
           acc = std::fma(static_cast<float>(dot), dw * a.scale[r * nb + b], acc);
           acc = std::fma(mw, a.scaled_sum[r * nb + b], acc);
         }
@@ -107,7 +107,7 @@ void gemm_f32_portable(const float* x, int64_t x_stride, const QuantWeightView& 
       if (n >= N) break;
       for (int64_t k = 0; k < K; ++k) {
         const int64_t at = kernels::quant_record(g, k / kQuantBlock, nb) * kQuantGroupCols + c;
-        col[k] = std::fma(static_cast<float>(packed_code(w, g, c, k)), w.scales[at], w.mins[at]);
+        col[k] = std::fma(static_cast<float>(packed_code(w, g, c, k)), w.scales[at], w.mins ? w.mins[at] : 0.0f);
       }
       for (int64_t r = row_begin; r < row_end; ++r) {
         const float* xr = x + r * x_stride;
@@ -155,7 +155,7 @@ Status quant_linear_pack(const int8_t* codes, const float* scale, const float* m
     return bad("need out_features > 0 and in_features a positive multiple of 32, got " + std::to_string(N) + ", " +
                std::to_string(K));
   }
-  if (!codes || !scale || !min || !packed_codes || !packed_scales || !packed_mins) return bad("null pointer");
+  if (!codes || !scale || !min || !packed_codes || !packed_scales) return bad("null pointer");
   const int64_t nb = K / kQuantBlock, groups = quant_linear_groups(N);
   if (bits == 4) {
     for (int64_t i = 0; i < N * K; ++i) {
@@ -165,17 +165,17 @@ Status quant_linear_pack(const int8_t* codes, const float* scale, const float* m
   auto* out = static_cast<uint8_t*>(packed_codes);
   std::memset(out, 0, static_cast<size_t>(quant_linear_packed_bytes(N, K, bits)));
   std::memset(packed_scales, 0, static_cast<size_t>(quant_linear_scale_count(N, K)) * sizeof(float));
-  std::memset(packed_mins, 0, static_cast<size_t>(quant_linear_scale_count(N, K)) * sizeof(float));
+  if (packed_mins) std::memset(packed_mins, 0, static_cast<size_t>(quant_linear_scale_count(N, K)) * sizeof(float));
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t record = kernels::quant_record(g, b, nb);
       uint8_t* dst = out + record * block_bytes(bits);
       float* ds = packed_scales + record * kQuantGroupCols;
-      float* dm = packed_mins + record * kQuantGroupCols;
+      float* dm = packed_mins ? packed_mins + record * kQuantGroupCols : nullptr;
       for (int64_t c = 0; c < kQuantGroupCols; ++c) {
         const int64_t n = g * kQuantGroupCols + c;
         ds[c] = n < N ? scale[n * nb + b] : 0.0f;
-        dm[c] = n < N ? min[n * nb + b] : 0.0f;
+        if (dm) dm[c] = n < N ? min[n * nb + b] : 0.0f;
         if (n >= N) continue;  // padding columns: zero codes, zero scale
         for (int64_t kk = 0; kk < kQuantBlock; ++kk) {
           const int64_t quad = kk / 4, j = kk % 4;
@@ -199,7 +199,7 @@ Status quant_linear(const QuantLinearArgs& a) {
   if (w.out_features <= 0 || w.in_features <= 0 || w.in_features % kQuantBlock != 0) {
     return bad("weight needs out_features > 0 and in_features a positive multiple of 32");
   }
-  if (!w.codes || !w.scales || !w.mins) return bad("weight pointers must not be null");
+  if (!w.codes || !w.scales) return bad("weight codes and scales must not be null");
   if (a.num_rows < 0) return bad("num_rows must be >= 0");
   if (a.num_rows == 0) return Status::Ok();
   if (!a.x || !a.out) return bad("x and out must not be null");

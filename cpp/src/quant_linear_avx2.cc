@@ -122,7 +122,7 @@ void tile(const QuantActs& a, const QuantWeightView& w, int64_t r0, int64_t g, c
     const int64_t record = quant_record(g, b, nb);
     block_dots<MR, BITS>(wcodes + record * kBlockBytes, xb, dots);
     const __m256 dw = _mm256_loadu_ps(w.scales + record * kQuantGroupCols);
-    const __m256 mw = _mm256_loadu_ps(w.mins + record * kQuantGroupCols);
+    const __m256 mw = w.mins ? _mm256_loadu_ps(w.mins + record * kQuantGroupCols) : _mm256_setzero_ps();
     for (int r = 0; r < MR; ++r) {
       const __m256 sx = _mm256_set1_ps(a.scale[(r0 + r) * nb + b]);
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r]), _mm256_mul_ps(dw, sx), acc[r]);
@@ -198,7 +198,7 @@ void dequant_tile(const QuantWeightView& w, int64_t g, int64_t ng, float* panel,
     for (int64_t j = 0; j < ng; ++j) {
       const int64_t record = quant_record(g + j, b, nb);
       const __m256 d = _mm256_loadu_ps(w.scales + record * kQuantGroupCols);
-      const __m256 m = _mm256_loadu_ps(w.mins + record * kQuantGroupCols);
+      const __m256 m = w.mins ? _mm256_loadu_ps(w.mins + record * kQuantGroupCols) : _mm256_setzero_ps();
       float* dst = panel + (j / 2) * half_panel + b * kQuantBlock * kStride + (j % 2) * kQuantGroupCols;
       // Lane c of a 32-byte load = the 4 codes (k .. k+3) of column c; byte i is k + i.
       auto emit = [&](__m256i quad, int64_t quad_index) {
@@ -293,7 +293,8 @@ void direct_tile(const float* x, int64_t x_stride, const QuantWeightView& w, int
     for (int jg = 0; jg < NG; ++jg) {
       const int64_t record = quant_record(g0 + jg, b, nb);
       d[jg] = _mm256_loadu_ps(w.scales + record * kQuantGroupCols);
-      m[jg] = _mm256_loadu_ps(w.mins + record * kQuantGroupCols);
+      // No mins (symmetric codes): fma with 0 is the same product, and 1/9 fewer bytes to read.
+      m[jg] = w.mins ? _mm256_loadu_ps(w.mins + record * kQuantGroupCols) : _mm256_setzero_ps();
       wb[jg] = codes + record * kBlockBytes;
     }
 #pragma GCC unroll 8

@@ -182,3 +182,28 @@ def test_exact_rows_do_not_depend_on_the_batch(bits):
     full = quant_linear(x, weight)
     for rows in (slice(0, 1), slice(5, 7), slice(10, 13), slice(64, 70), slice(3, 9)):
         assert torch.equal(quant_linear(x[rows], weight), full[rows])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_zero_mins_are_not_packed_and_change_nothing(isa, int8, rows):
+    """Symmetric codes (Q8_0: every min 0) pack no mins, and the kernels that then read none give
+    the same bits as with an explicit all-zero mins buffer (the one-row, few-row and panel paths)."""
+    gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
+    codes, scale, _ = random_weight(44, 192, 8, gen)
+    lean = QuantWeight.pack(codes, scale, torch.zeros_like(scale), 8)
+    assert lean.mins.numel() == 0
+    full = QuantWeight(
+        lean.out_features, lean.in_features, 8, lean.codes, lean.scales, torch.zeros(lean.scales.numel())
+    )
+    x = torch.randn(rows, 192, generator=gen)
+    _core.set_kernel_isa(isa)
+    lean_out = quant_linear(x, lean, int8_activations=int8)
+    assert torch.equal(lean_out, quant_linear(x, full, int8_activations=int8))
+    zero = torch.zeros_like(scale)
+    if int8:
+        ref = reference_quant_linear(x, codes, scale, zero)
+    else:
+        ref = x.double() @ dequantize_blocks(codes, scale, zero).double().T
+    torch.testing.assert_close(lean_out.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())

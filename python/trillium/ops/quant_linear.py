@@ -31,12 +31,14 @@ class QuantWeight:
     bits: int
     codes: torch.Tensor  # uint8, packed
     scales: torch.Tensor  # float32, packed
-    mins: torch.Tensor  # float32, packed
+    mins: torch.Tensor  # float32, packed; empty when every min is 0 (Q8_0): the kernels then read none
 
     @classmethod
     def pack(cls, codes: torch.Tensor, scale: torch.Tensor, min: torch.Tensor, bits: int) -> QuantWeight:
         """Pack row-major ``codes`` int8 [N, K] (4-bit codes in [0, 15]; 8-bit in [-128, 127]) with
-        ``scale`` and ``min`` fp32 [N, K/32]. Raises ValueError on bad sizes or codes."""
+        ``scale`` and ``min`` fp32 [N, K/32]. Raises ValueError on bad sizes or codes. An all-zero
+        ``min`` is not packed (``mins`` empty): a decode step reads its weights from memory, and
+        the mins were 1/10 of a Q8_0 weight's bytes."""
         if codes.dtype != torch.int8 or codes.dim() != 2:
             raise ValueError(f"codes must be a 2-D int8 tensor, got {codes.dtype} {tuple(codes.shape)}")
         n, k = codes.shape
@@ -50,7 +52,7 @@ class QuantWeight:
         num_bytes, num_scales = _core.quant_linear_sizes(n, k, bits)
         packed = torch.empty(num_bytes, dtype=torch.uint8)
         scales = torch.empty(num_scales, dtype=torch.float32)
-        mins = torch.empty(num_scales, dtype=torch.float32)
+        mins = torch.empty(num_scales if bool(min.any()) else 0, dtype=torch.float32)
         _core.quant_linear_pack(
             codes.data_ptr(),
             scale.data_ptr(),
@@ -60,7 +62,7 @@ class QuantWeight:
             bits,
             packed.data_ptr(),
             scales.data_ptr(),
-            mins.data_ptr(),
+            mins.data_ptr() if mins.numel() else 0,
         )
         return cls(n, k, bits, packed, scales, mins)
 
@@ -151,7 +153,7 @@ def _weight_args(weight: QuantWeight, bias: torch.Tensor | None) -> _WeightArgs:
         weight.bits,
         weight.codes.data_ptr(),
         weight.scales.data_ptr(),
-        weight.mins.data_ptr(),
+        weight.mins.data_ptr() if weight.mins.numel() else 0,
         0 if bias is None else bias.data_ptr(),
     )
 

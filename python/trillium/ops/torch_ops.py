@@ -76,7 +76,7 @@ def quant_linear(
     same result and ValueErrors, plus one if the fields do not describe a packed weight (the
     kernel reads ``codes`` by the ints, so they must agree)."""
     num_bytes, num_scales = _core.quant_linear_sizes(out_features, in_features, bits)
-    if codes.numel() != num_bytes or scales.numel() != num_scales or mins.numel() != num_scales:
+    if codes.numel() != num_bytes or scales.numel() != num_scales or mins.numel() not in (0, num_scales):
         raise ValueError(f"codes/scales/mins are not a packed {out_features}x{in_features} {bits}-bit weight")
     if x.dim() != 2 or x.dtype != torch.float32 or not x.is_contiguous() or not x.is_cpu:
         weight = ql.QuantWeight(out_features, in_features, bits, codes, scales, mins)
@@ -86,8 +86,8 @@ def quant_linear(
     if x.shape[1] != in_features:
         raise ValueError(f"x has {x.shape[1]} features, the weight expects {in_features}")
     bias = ql._checked_bias(bias, out_features)
-    args = (out_features, in_features, bits, codes.data_ptr(), scales.data_ptr(), mins.data_ptr(),
-            0 if bias is None else bias.data_ptr())  # fmt: skip
+    args = (out_features, in_features, bits, codes.data_ptr(), scales.data_ptr(),
+            mins.data_ptr() if mins.numel() else 0, 0 if bias is None else bias.data_ptr())  # fmt: skip
     out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
     ql._run(x, in_features, args, out, int8_activations)
     return out

@@ -52,11 +52,12 @@ struct QuantWeightView {
   int32_t bits = 0;          // 4 or 8
   const void* codes = nullptr;   // quant_linear_packed_bytes(N, K, bits) bytes
   const float* scales = nullptr; // quant_linear_scale_count(N, K) floats
-  const float* mins = nullptr;   // same count
+  const float* mins = nullptr;   // same count, or null when every min is 0 (Q8_0): not read then
 };
 
 // Pack row-major codes q[N][K] (int8; 4-bit codes in [0, 15]) and per-block scale[N][K/32],
-// min[N][K/32] into the layout above. Output buffers must have the sizes above.
+// min[N][K/32] into the layout above. Output buffers must have the sizes above; `packed_mins` may
+// be null (the mins are then not packed: pass null as QuantWeightView::mins, meaning all zero).
 // kInvalidArgument for bad sizes, bits other than 4/8, or a 4-bit code outside [0, 15].
 Status quant_linear_pack(const int8_t* codes, const float* scale, const float* min, int64_t out_features,
                          int64_t in_features, int32_t bits, void* packed_codes, float* packed_scales,
