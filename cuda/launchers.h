@@ -14,6 +14,7 @@
 
 #include "trillium/kernels/kv_store.h"
 #include "trillium/kernels/paged_attention.h"
+#include "trillium/kernels/spec_verify.h"
 #include "trillium/kernels/token_bitmask.h"
 
 namespace trillium::cuda {
@@ -36,5 +37,10 @@ cudaError_t paged_attention(const PagedAttentionArgs& args, int32_t max_query_le
 // Device-resident mask_rows entries are trusted, except that an id outside [0, num_mask_rows)
 // leaves its row unmasked rather than reading out of bounds.
 cudaError_t apply_token_bitmask(const TokenBitmaskArgs& args, cudaStream_t stream);
+
+// spec_verify (see spec_verify.h): a block per request. Host-known sizes and pointers are checked
+// (cudaErrorInvalidValue); per-request values are device-resident, so a request failing the CPU
+// kernel's checks gets num_accepted = -1 and an all -1 output row instead of an error.
+cudaError_t spec_verify(const SpecVerifyArgs& args, cudaStream_t stream);
 
 }  // namespace trillium::cuda

@@ -15,5 +15,6 @@ void bind_quant_linear(pybind11::module_& m);
 void bind_layer_ops(pybind11::module_& m);
 void bind_decoder_layer(pybind11::module_& m);
 void bind_token_bitmask(pybind11::module_& m);
+void bind_spec_verify(pybind11::module_& m);
 
 }  // namespace trillium::bindings

@@ -20,4 +20,5 @@ PYBIND11_MODULE(_core, m) {
   trillium::bindings::bind_layer_ops(m);
   trillium::bindings::bind_decoder_layer(m);
   trillium::bindings::bind_token_bitmask(m);
+  trillium::bindings::bind_spec_verify(m);
 }

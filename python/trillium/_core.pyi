@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from trillium.ops.kernel_specs import BatchSpec, BitmaskSpec, CacheSpec, LogitsSpec, RowsSpec
+from trillium.ops.kernel_specs import BatchSpec, BitmaskSpec, CacheSpec, LogitsSpec, RowsSpec, VerifySpec
 
 __version__: str
 
@@ -289,3 +289,8 @@ def rotary_inplace(
 def apply_token_bitmask(logits: LogitsSpec, bitmask: BitmaskSpec, mask_rows: int) -> None:
     """Set logits whose token bit is 0 to -inf in place. mask_rows: int32 [num_rows] pointer (-1 = unmasked
     row) or 0 (row r takes bitmask row r). Releases the GIL; ValueError (nothing written) on bad sizes."""
+
+# Speculative decoding (cpp/include/trillium/kernels/spec_verify.h); typed wrapper: trillium.ops.spec_verify.
+def spec_verify(spec: VerifySpec, num_threads: int) -> None:
+    """Write num_accepted and output_tokens of one verify step (host addresses in spec; num_threads 0 =
+    OpenMP's default). Releases the GIL; ValueError (nothing written) on a bad size or per-request value."""

@@ -1,10 +1,10 @@
 """Type stub for the CUDA kernels (cpp/bindings/cuda/module.cc); absent on builds without nvcc.
 
-The attention, KV-store and bitmask entry points take the named specs of trillium.ops.kernel_specs,
+The attention, KV-store, bitmask and verify entry points take the named specs of trillium.ops.kernel_specs,
 as trillium._core does (device pointers here).
 """
 
-from trillium.ops.kernel_specs import BatchSpec, BitmaskSpec, CacheSpec, LogitsSpec, RowsSpec
+from trillium.ops.kernel_specs import BatchSpec, BitmaskSpec, CacheSpec, LogitsSpec, RowsSpec, VerifySpec
 
 __version__: str
 CUDART_VERSION: int
@@ -42,3 +42,7 @@ def paged_attention(
 def apply_token_bitmask(logits: LogitsSpec, bitmask: BitmaskSpec, mask_rows: int, stream: int = 0) -> None:
     """Asynchronous apply_token_bitmask on stream (arguments as trillium._core.apply_token_bitmask, device
     pointers). ValueError on sizes the launcher rejects."""
+
+def spec_verify(spec: VerifySpec, stream: int = 0) -> None:
+    """Asynchronous spec_verify on stream (spec as trillium._core.spec_verify, device addresses). ValueError on
+    sizes the launcher rejects; a request with a bad per-request value gets num_accepted -1 and an all -1 row."""

@@ -2,8 +2,8 @@
 // static cudart, so that `import trillium` works on machines without it; callers import it under
 // try/except ImportError. Tensors cross as integer device pointers (tensor.data_ptr()) plus sizes;
 // streams as integers (torch.cuda.current_stream().cuda_stream), 0 meaning the legacy default
-// stream. The attention, KV-store and bitmask entry points take the same named specs as
-// trillium._core's (../kernel_specs.h, ../token_bitmask_spec.h).
+// stream. The attention, KV-store, bitmask and verify entry points take the same named specs as
+// trillium._core's (../kernel_specs.h, ../token_bitmask_spec.h, ../spec_verify_spec.h).
 //
 // Error mapping (cudaError_t, not trillium::Status: launchers are CUDA code):
 //   cudaErrorInvalidValue from a launcher (arguments it rejects on the host) -> ValueError
@@ -16,6 +16,7 @@
 
 #include "kernel_specs.h"
 #include "launchers.h"
+#include "spec_verify_spec.h"
 #include "token_bitmask_spec.h"
 
 namespace py = pybind11;
@@ -24,6 +25,7 @@ using trillium::bindings::BitmaskSpec;
 using trillium::bindings::CacheSpec;
 using trillium::bindings::LogitsSpec;
 using trillium::bindings::RowsSpec;
+using trillium::bindings::VerifySpec;
 
 namespace {
 
@@ -121,5 +123,15 @@ PYBIND11_MODULE(_cuda, m) {
       py::call_guard<py::gil_scoped_release>(),
       "Asynchronous apply_token_bitmask on stream; arguments as trillium._core.apply_token_bitmask, "
       "device pointers. ValueError on sizes the launcher rejects.");
-}
 
+  m.def(
+      "spec_verify",
+      [](const VerifySpec& spec, std::uintptr_t stream) {
+        const trillium::SpecVerifyArgs a = trillium::bindings::spec_verify_args(spec);
+        check_args(trillium::cuda::spec_verify(a, reinterpret_cast<cudaStream_t>(stream)), "spec_verify");
+      },
+      py::arg("spec"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>(),
+      "Asynchronous spec_verify on stream (spec as trillium._core.spec_verify, device addresses). ValueError "
+      "on sizes the launcher rejects; a request with a bad device-resident value (mode, num_draft, token "
+      "id, uniform) gets num_accepted -1 and an all -1 output row.");
+}

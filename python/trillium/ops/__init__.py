@@ -2,7 +2,7 @@
 
 ``attention`` dispatches CPU tensors to ``trillium._core`` and CUDA tensors to ``trillium._cuda``;
 ``attention_ref`` is the torch gather + SDPA reference used by tests and benchmarks. The other
-families: ``quant_linear``, ``layer_ops``, ``token_bitmask``. ``kernel_specs`` defines the named
+families: ``quant_linear``, ``layer_ops``, ``token_bitmask``, ``spec_verify``. ``kernel_specs`` defines the named
 argument specs both modules take; ``cpu_isa`` names the instruction set the CPU kernels run on.
 """
 

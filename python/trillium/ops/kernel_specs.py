@@ -2,9 +2,9 @@
 
 Tensors cross into C++ as integers -- addresses (``tensor.data_ptr()``), sizes, strides counted
 in elements, and dtype codes (:data:`DTYPE_CODES`). The kernels read these specs BY FIELD NAME
-(cpp/bindings/kernel_specs.h, token_bitmask_spec.h: each C++ member is named like the field
-here), so a plain tuple is refused with a TypeError rather than misread. Only the typed wrappers
-of this package build them, after checking the tensors.
+(cpp/bindings/kernel_specs.h, token_bitmask_spec.h, spec_verify_spec.h: each C++ member is named
+like the field here), so a plain tuple is refused with a TypeError rather than misread. Only the
+typed wrappers of this package build them, after checking the tensors.
 """
 
 from __future__ import annotations
@@ -68,3 +68,27 @@ class BitmaskSpec(NamedTuple):
     row_stride: int
     num_mask_rows: int
     num_words: int
+
+
+class VerifySpec(NamedTuple):
+    """One speculative-decoding verify step (cpp/include/trillium/kernels/spec_verify.h) over
+    num_requests requests, max_draft draft slots each, a vocab_size vocabulary. Addresses of
+    tensors whose last dimension is contiguous (0 = absent); shapes in the trailing comments."""
+
+    num_requests: int
+    max_draft: int
+    vocab_size: int
+    target_ptr: int  # float32 [N, k+1, V]
+    target_stride_request: int
+    target_stride_position: int
+    draft_tokens_ptr: int  # int32 or int64 [N, k], contiguous
+    draft_tokens_int64: bool
+    num_draft_ptr: int  # int32 [N]
+    modes_ptr: int  # int32 [N]
+    draft_probs_ptr: int  # float32 [N, k, V] or 0
+    draft_probs_stride_request: int
+    draft_probs_stride_position: int
+    uniforms_ptr: int  # float64 [N, k+1], contiguous, or 0
+    residual_uniforms_ptr: int  # float64 [N] or 0
+    num_accepted_ptr: int  # int32 [N], written
+    output_tokens_ptr: int  # int32 [N, k+1], contiguous, written
