@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trillium.protocol import StepInput, StepOutput
+from trillium.protocol import ScheduledRequest, StepInput, StepOutput
 
 
 class FakeExecutor:
@@ -12,7 +12,9 @@ class FakeExecutor:
     after preemption) has the tokens it reused recorded in ``reused`` for the test to check.
 
     The sampled token depends only on its position, so preemption, recompute and cache hits
-    must not change any output.
+    must not change any output. A speculating request's drafts are accepted while each equals
+    the token of its position; its K/V is kept up to the accepted run (the scheduler rolls the
+    rest back).
     """
 
     def __init__(self, block_size: int, vocab: int = 1000, eos_at: dict[str, int] | None = None) -> None:
@@ -43,6 +45,7 @@ class FakeExecutor:
         for request_id in step_input.finished_request_ids:
             self.kv.pop(request_id, None)
         out = []
+        accepted: list[int] = []
         for r in step_input.requests:
             kv = self.kv.get(r.request_id)
             if kv is None or len(kv) != r.start_pos:
@@ -54,9 +57,29 @@ class FakeExecutor:
             for i, token in enumerate(r.token_ids):
                 self.slots[self._slot(r.block_ids, r.start_pos + i)] = token
             kv.extend(r.token_ids)
+            if r.num_draft_tokens:
+                num_accepted = self._verify(r)
+                accepted.append(num_accepted)
+                del kv[r.start_pos + 1 + num_accepted :]
+                pos = len(kv)
+                out.append(0 if self.eos_at.get(r.request_id) == pos else self.token_at(pos, self.vocab))
+                continue
+            accepted.append(0)
             if r.sample:
                 pos = len(kv)
                 out.append(0 if self.eos_at.get(r.request_id) == pos else self.token_at(pos, self.vocab))
             else:
                 out.append(-1)
-        return StepOutput(out)
+        speculated = any(r.num_draft_tokens for r in step_input.requests)
+        return StepOutput(out, None, accepted if speculated else None)
+
+    def _verify(self, r: ScheduledRequest) -> int:
+        """Drafts accepted: draft j sits at position start_pos + 1 + j and must be that
+        position's token (token 0 where ``eos_at`` says so)."""
+        num_accepted = 0
+        for j, draft in enumerate(r.token_ids[1:]):
+            pos = r.start_pos + 1 + j
+            if draft != (0 if self.eos_at.get(r.request_id) == pos else self.token_at(pos, self.vocab)):
+                break
+            num_accepted += 1
+        return num_accepted

@@ -47,6 +47,13 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         help="disable reuse of cached KV for shared prompt prefixes",
     )
     parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")
+    parser.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help='speculative decoding, off by default; e.g. \'{"method": "ngram", "num_speculative_tokens": 5, '
+        '"prompt_lookup_max": 4}\' (greedy requests; off for a step once disable_by_batch_size requests run)',
+    )
 
 
 # ``trillium serve --max-*``: one flag per field of ``server.limits.InputLimits`` (its defaults and why).
@@ -85,6 +92,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_cache=args.enable_prefix_cache,
         weights=args.weights,
         step_timeout_s=getattr(args, "step_timeout", 30.0),
+        speculative_config=getattr(args, "speculative_config", None),
     )
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from typing import Any
 
 import torch
 
@@ -33,6 +35,59 @@ def resolve_dtype(name: str) -> str:
     return "bf16" if cpu_has_native_bf16() else "fp32"
 
 
+SPECULATIVE_METHODS = ("ngram",)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """How drafts are proposed, and when speculation stands aside.
+
+    ``method``: ``ngram`` (prompt lookup: continue the latest earlier occurrence of the context's
+    last 1..``prompt_lookup_max`` tokens). ``num_speculative_tokens``: drafts per request and step
+    (k; a verify step computes k + 1 tokens). ``disable_by_batch_size``: no request speculates in
+    a step once this many requests are running (a verify step of k + 1 rows costs about twice a
+    decode row on CPU, so large batches gain nothing).
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 5
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+    disable_by_batch_size: int = 4
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.method!r}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens must be in [1, 16], got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(
+                f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min}, {self.prompt_lookup_max}"
+            )
+        if self.disable_by_batch_size < 1:
+            raise ValueError(f"disable_by_batch_size must be at least 1, got {self.disable_by_batch_size}")
+
+    @classmethod
+    def from_json(cls, text: str | dict[str, Any]) -> SpeculativeConfig:
+        """Parse ``--speculative-config``. ValueError naming the bad key or value."""
+        try:
+            data = json.loads(text) if isinstance(text, str) else dict(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"speculative config is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError("speculative config must be a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown speculative config keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+            )
+        for key, value in data.items():
+            if key != "method" and not isinstance(value, int):
+                raise ValueError(f"speculative config {key} must be an integer, got {value!r}")
+        return cls(**data)
+
+
 @dataclasses.dataclass
 class EngineConfig:
     """What to serve and how much memory and batch to give it."""
@@ -53,6 +108,9 @@ class EngineConfig:
     # activations to int8 (llama.cpp's way: faster, approximate); dense: always dequantize.
     weights: str = "auto"
     num_threads: int | None = None  # torch / OpenMP threads; None = TRILLIUM_NUM_THREADS or all cores
+    # Speculative decoding: None (off), a SpeculativeConfig, or its JSON / dict (vLLM's
+    # ``--speculative-config``: {"method": "ngram", "num_speculative_tokens": 5, ...}).
+    speculative_config: SpeculativeConfig | str | dict[str, object] | None = None
     # Whether ``dtype`` was ``auto``: the engine may then still pick fp32 for quantized weights.
     dtype_auto: bool = dataclasses.field(default=False, init=False)
 
@@ -70,6 +128,8 @@ class EngineConfig:
             raise ValueError(f"step_timeout_s must be positive, got {self.step_timeout_s}")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+        if self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
+            self.speculative_config = SpeculativeConfig.from_json(self.speculative_config)
         if self.num_threads is None and os.environ.get("TRILLIUM_NUM_THREADS"):
             self.num_threads = int(os.environ["TRILLIUM_NUM_THREADS"])
 

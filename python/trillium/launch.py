@@ -14,7 +14,7 @@ import weakref
 import torch
 
 from trillium import _core
-from trillium.config import EngineConfig
+from trillium.config import EngineConfig, SpeculativeConfig
 from trillium.engine.runner import ModelRunner, kv_bytes_per_block
 from trillium.engine.step_thread import StepThread
 from trillium.engine_client import EngineClient
@@ -130,6 +130,7 @@ class Engine:
             max_model_len=max_model_len,
             eos_token_ids=frozenset(self.tokenizer.eos_token_ids),
             model_key=f"{model_name}:{path}",
+            speculative=config.speculative_config if isinstance(config.speculative_config, SpeculativeConfig) else None,
         )
         allocator = _core.BlockAllocator(num_blocks)
         tree = _core.RadixTree(allocator, config.block_size) if config.enable_prefix_cache else None

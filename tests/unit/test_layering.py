@@ -16,7 +16,7 @@ LAYERS: list[set[str]] = [
     {"_core", "_cuda", "config", "runtime", "protocol"},
     {"ops"},
     {"models"},
-    {"tokenizer", "structured", "engine"},
+    {"tokenizer", "structured", "engine", "speculative"},
     {"scheduler", "metering"},
     {"engine_client"},
     {"launch"},

@@ -1,7 +1,9 @@
 """ModelRunner: executes one step (a :class:`StepInput`) on the model and samples.
 
-Runs in the scheduler's worker thread. It owns the model, the paged KV cache tensors and
-the per-request sampling generators; it never decides what to run.
+Runs in the scheduler's worker thread. It owns the model and the paged KV cache tensors; it
+never decides what to run. A seeded request's random number for the token at sequence index p
+comes from a generator seeded with (seed, p) (``engine.verify.position_generator``): its text
+then depends on neither the batch nor speculation, which verifies several positions at once.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from trillium.engine.sampler import TopLogprobs, sample
+from trillium.engine.verify import position_generator, verify_drafts
 from trillium.models import LlamaForCausalLM, ModelConfig
 from trillium.ops.attention import AttentionMetadata
 from trillium.protocol import ScheduledRequest, StepInput, StepOutput
@@ -38,18 +41,14 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.kv_caches = model.allocate_kv_caches(num_blocks, block_size, dtype, device)
-        self._generators: dict[str, torch.Generator] = {}
 
     def reset(self) -> None:
         """Forget every request (after a failure, when the scheduler rebuilds the KV pool empty).
-        The KV tensors are kept as they are: a block is always written before it is read, and
-        the rebuilt prefix cache holds nothing, so no stale K/V can reach an attention."""
-        self._generators.clear()
+        Nothing to do: a block is always written before it is read, and the rebuilt prefix cache
+        holds nothing, so no stale K/V can reach an attention; and no state is kept per request."""
 
     @torch.inference_mode()
     def execute(self, step_input: StepInput) -> StepOutput:
-        for request_id in step_input.finished_request_ids:
-            self._generators.pop(request_id, None)
         requests = step_input.requests
         if not requests:
             return StepOutput([])
@@ -74,20 +73,39 @@ class ModelRunner:
             meta,
         )  # [T, hidden]
 
-        sample_rows = [i for i, r in enumerate(requests) if r.sample]
+        sample_rows = [i for i, r in enumerate(requests) if r.sample and not r.num_draft_tokens]
+        draft_rows = [i for i, r in enumerate(requests) if r.num_draft_tokens]
         sampled = [-1] * len(requests)
         logprobs: list[TopLogprobs | None] | None = None
+        num_accepted: list[int] | None = None
+        # Logits rows: the last token of each sampling request, then every position of each
+        # speculating request (its last token and drafts: the model's choice after each).
+        ends = meta.query_start_loc[1:].tolist()  # end of each request's new tokens
+        rows = [ends[i] - 1 for i in sample_rows]
+        for i in draft_rows:
+            rows.extend(range(ends[i] - 1 - requests[i].num_draft_tokens, ends[i]))
+        all_logits = (
+            self.model.compute_logits(hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device)))
+            .float()
+            .cpu()
+            if rows
+            else None
+        )  # [S + sum(n_i + 1), V]
+        if draft_rows:
+            assert all_logits is not None
+            accepted = verify_drafts(all_logits[len(sample_rows) :], [requests[i] for i in draft_rows])
+            num_accepted = [0] * len(requests)
+            for i, (num, token_id) in zip(draft_rows, accepted):
+                num_accepted[i], sampled[i] = num, token_id
         if sample_rows:
-            ends = meta.query_start_loc[1:] - 1  # [R] last new token of each request
-            last = ends[torch.tensor(sample_rows, dtype=torch.long)]
-            logits = self.model.compute_logits(hidden.index_select(0, last.to(self.device)))  # [S, V]
-            logits = logits.float().cpu()
+            assert all_logits is not None
+            logits = all_logits[: len(sample_rows)]
             if step_input.bitmask is not None:
                 # Structured output: disallowed tokens -> -inf before any sampling parameter, so
                 # bias, penalties, temperature, top-p and logprobs all see the masked distribution.
                 step_input.bitmask.apply(logits, sample_rows)
             params = [requests[i].sampling for i in sample_rows]
-            generators = [self._generator(requests[i]) for i in sample_rows]
+            generators = [_generator(requests[i]) for i in sample_rows]
             histories = [_history(requests[i]) for i in sample_rows]
             result = sample(logits, params, generators, histories)
             for i, token_id in zip(sample_rows, result.token_ids):
@@ -96,18 +114,16 @@ class ModelRunner:
                 logprobs = [None] * len(requests)
                 for i, lp in zip(sample_rows, result.logprobs):
                     logprobs[i] = lp
-        return StepOutput(sampled, logprobs)
+        return StepOutput(sampled, logprobs, num_accepted)
 
-    def _generator(self, request: ScheduledRequest) -> torch.Generator | None:
-        """A per-request generator for seeded requests, so their samples ignore the batch."""
-        seed = request.sampling.seed
-        if seed is None or request.sampling.temperature == 0.0:
-            return None
-        gen = self._generators.get(request.request_id)
-        if gen is None:
-            gen = torch.Generator().manual_seed(seed)
-            self._generators[request.request_id] = gen
-        return gen
+
+def _generator(request: ScheduledRequest) -> torch.Generator | None:
+    """The generator of a seeded sampling request's token: keyed by the seed and the token's
+    sequence index, so the draw ignores the batch and whether speculation ran."""
+    seed = request.sampling.seed
+    if seed is None or request.sampling.temperature == 0.0:
+        return None
+    return position_generator(seed, request.start_pos + len(request.token_ids))
 
 
 def _history(request: ScheduledRequest) -> tuple[list[int], list[int]] | None:

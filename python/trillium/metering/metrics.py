@@ -63,6 +63,23 @@ class _SchedulerCollector:
         )
         preemptions.add_metric(self._labels, float(stats.get("num_preemptions", 0)))
         yield preemptions
+        # Speculative decoding, vLLM's names.
+        for name, key, doc in (
+            ("spec_decode_num_drafts", "spec_num_drafts", "Verify rows: a request speculating in a step."),
+            ("spec_decode_num_draft_tokens", "spec_num_draft_tokens", "Draft tokens proposed."),
+            ("spec_decode_num_accepted_tokens", "spec_num_accepted_tokens", "Draft tokens accepted."),
+        ):
+            counter = CounterMetricFamily(f"trillium:{name}", doc, labels=["model_name"])
+            counter.add_metric(self._labels, float(stats.get(key, 0)))
+            yield counter
+        per_pos = CounterMetricFamily(
+            "trillium:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft.",
+            labels=["model_name", "position"],
+        )
+        for position, count in enumerate(stats.get("spec_accepted_per_pos", [])):
+            per_pos.add_metric([*self._labels, str(position)], float(count))
+        yield per_pos
 
 
 class Metrics:

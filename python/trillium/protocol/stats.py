@@ -28,6 +28,11 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     grammar_masks: int = 0  # constrained rows masked, summed over steps
     grammar_fill_seconds: float = 0.0  # grammar thread filling masks (overlaps the forward pass)
     grammar_wait_seconds: float = 0.0  # model thread waiting for a fill (ideally ~0)
+    spec_num_drafts: int = 0  # speculation: verify rows (a request speculating in a step)
+    spec_num_draft_tokens: int = 0  # draft tokens proposed
+    spec_num_accepted_tokens: int = 0  # draft tokens the model accepted
+    spec_accepted_per_pos: list[int] = msgspec.field(default_factory=list)  # acceptances of draft j
+    spec_acceptance_rate: float = 0.0  # accepted / proposed draft tokens (0 before any)
 
 
 class GrammarStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -18,6 +18,12 @@ class ScheduledRequest(msgspec.Struct, gc=False, kw_only=True):
 
         tokens:  [0 ........ start_pos) [start_pos ...... start_pos+len(token_ids))
                   cached in KV            computed now; sample after the last one if ``sample``
+
+    A speculating request (``num_draft_tokens`` = n > 0) is decoding: its ``token_ids`` are its
+    last token followed by n draft tokens, and the executor verifies the drafts against the
+    model's own choice at each of the n + 1 positions (``StepOutput.num_accepted_drafts``)::
+
+        token_ids:  [ last | d_0 ... d_{n-1} ]     sample after each of the n + 1
     """
 
     request_id: str
@@ -29,6 +35,7 @@ class ScheduledRequest(msgspec.Struct, gc=False, kw_only=True):
     # Only when ``sample`` and the params need history (penalties): prompt and output ids so far.
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None
+    num_draft_tokens: int = 0
 
 
 class StepInput(msgspec.Struct, gc=False, kw_only=True):
@@ -46,7 +53,11 @@ class StepOutput(msgspec.Struct, gc=False):
 
     ``logprobs[i]`` is set for rows that sampled and asked for logprobs: (chosen token's
     logprob, [(token id, logprob)] top alternatives best first).
+
+    ``num_accepted_drafts[i]`` (None when no request speculated): how many of request i's draft
+    tokens the model accepted, a; its new tokens are those a drafts, then ``sampled_token_ids[i]``.
     """
 
     sampled_token_ids: list[int]
     logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
+    num_accepted_drafts: list[int] | None = None

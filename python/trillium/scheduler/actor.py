@@ -328,6 +328,7 @@ class SchedulerActor(Actor):
         """Publish the counters as a new immutable snapshot (a few microseconds)."""
         kv = self.policy.kv
         filler = self.bitmask_filler
+        spec = self.policy.spec_stats
         self.stats.publish(
             SchedulerStats(
                 num_requests_running=self.policy.num_running,
@@ -346,5 +347,10 @@ class SchedulerActor(Actor):
                 grammar_masks=filler.num_rows if filler is not None else 0,
                 grammar_fill_seconds=round(filler.fill_seconds, 4) if filler is not None else 0.0,
                 grammar_wait_seconds=round(filler.wait_seconds, 4) if filler is not None else 0.0,
+                spec_num_drafts=spec.num_drafts,
+                spec_num_draft_tokens=spec.num_draft_tokens,
+                spec_num_accepted_tokens=spec.num_accepted_tokens,
+                spec_accepted_per_pos=list(spec.accepted_per_pos),
+                spec_acceptance_rate=round(spec.acceptance_rate, 4),
             )
         )

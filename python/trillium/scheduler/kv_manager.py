@@ -110,6 +110,14 @@ class KVBlockManager:
         self.tree.insert(request.cache_namespace, tokens, request.block_ids[:num_full])
         request.num_inserted_blocks = num_full
 
+    def trim(self, request: Request) -> None:
+        """Free the blocks past what ``request.num_tokens`` needs (rejected draft positions).
+        Those blocks hold no computed token, so the prefix cache never has them."""
+        keep = self.blocks_for(request.num_tokens)
+        if len(request.block_ids) > keep:
+            self.allocator.free(request.block_ids[keep:])
+            del request.block_ids[keep:]
+
     def release(self, request: Request, *, cache: bool = True) -> None:
         """Drop the request's references (after caching its computed blocks unless ``cache`` is
         False, e.g. after a failed step whose K/V cannot be trusted). Resets its progress."""

@@ -16,6 +16,14 @@ waiting), the tenant running the most gives up one request for it (queue order a
 make it wait for a slot to free, a whole generation when a flood's requests end together).
 At admission a request first reuses the longest cached prefix of its tokens. The waiting
 queue's bound is held at the front door (``EngineClient``).
+
+Speculation (``SpeculativeConfig``): while fewer than ``disable_by_batch_size`` requests run, a
+decoding request (greedy or sampled; not one with penalties, a grammar or logprobs) asks the proposer for up to k drafts and is scheduled for 1 + n tokens
+(its budget and blocks count them all). After the step it keeps the a drafts the model accepted
+plus the model's next token; the rejected drafts' positions are rolled back (``num_computed_tokens``
+stops at the accepted run, blocks past the new length are freed), so only verified tokens ever
+reach the prefix cache. Stop tokens and ``max_tokens`` are checked token by token: a stop inside
+the accepted run ends the request there.
 """
 
 from __future__ import annotations
@@ -23,10 +31,12 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+from trillium.config import SpeculativeConfig
 from trillium.protocol import FinishReason, ScheduledRequest, StepInput, StepOutput
 from trillium.scheduler.fair_queue import FairQueue
 from trillium.scheduler.kv_manager import KVBlockManager
 from trillium.scheduler.request import Request, RequestStatus
+from trillium.speculative import NgramProposer, SpecStats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +48,7 @@ class SchedulerConfig:
     eos_token_ids: frozenset[int] = frozenset()
     model_key: str = ""  # prefix-cache namespace root: the served model's identity
     jump_forward: bool = True  # structured output: append the tokens a grammar forces without sampling
+    speculative: SpeculativeConfig | None = None  # draft tokens for greedy decodes (None: off)
 
 
 @dataclasses.dataclass
@@ -46,6 +57,7 @@ class StepPlan:
 
     scheduled: list[tuple[Request, int]]
     step_input: StepInput
+    drafts: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # request id -> its draft tokens
 
 
 @dataclasses.dataclass
@@ -66,6 +78,11 @@ class SchedulerPolicy:
     def __init__(self, config: SchedulerConfig, kv: KVBlockManager) -> None:
         self.config = config
         self.kv = kv
+        self.spec = spec = config.speculative
+        self.proposer = (
+            NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max) if spec else None
+        )
+        self.spec_stats = SpecStats(spec.num_speculative_tokens if spec else 0)
         self.waiting = FairQueue()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -117,13 +134,19 @@ class SchedulerPolicy:
         """Plan the next step: allocates the blocks the scheduled tokens need."""
         budget = self.config.max_tokens_per_step
         scheduled: list[tuple[Request, int]] = []
+        drafts: dict[str, list[int]] = {}
+        speculate = self.spec is not None and len(self.running) < self.spec.disable_by_batch_size
 
         i = 0
         preempted = False
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.kv.grow(request, num_new):
+            proposed = self._propose(request, num_new, budget) if speculate else []
+            if proposed and self.kv.grow(request, num_new + len(proposed)):
+                drafts[request.request_id] = proposed
+                num_new += len(proposed)
+            elif not self.kv.grow(request, num_new):
                 # Out of blocks: preempt a request not scheduled yet in this step (this one or a
                 # later one) and retry; if this one was the victim, go on with the next.
                 self._preempt(self._victim(i))
@@ -157,26 +180,35 @@ class SchedulerPolicy:
             budget -= num_new
 
         step_input = StepInput(
-            requests=[self._scheduled_request(r, n) for r, n in scheduled],
+            requests=[self._scheduled_request(r, n, drafts.get(r.request_id, [])) for r, n in scheduled],
             finished_request_ids=self._finished_since_last_step,
         )
         self._finished_since_last_step = []
-        return StepPlan(scheduled, step_input)
+        return StepPlan(
+            scheduled, step_input, {r.request_id: drafts[r.request_id] for r, _ in scheduled if r.request_id in drafts}
+        )
 
     def update(self, plan: StepPlan, output: StepOutput) -> list[RequestUpdate]:
         """Apply a step's result: advance progress, append sampled tokens, finish requests."""
         updates: list[RequestUpdate] = []
         logprobs = output.logprobs or [None] * len(output.sampled_token_ids)
-        for (request, num_new), token_id, lp in zip(plan.scheduled, output.sampled_token_ids, logprobs):
+        accepted = output.num_accepted_drafts or [0] * len(output.sampled_token_ids)
+        for (request, num_new), token_id, lp, num_accepted in zip(
+            plan.scheduled, output.sampled_token_ids, logprobs, accepted
+        ):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted or aborted while the step ran
-            request.num_computed_tokens += num_new
-            self.kv.commit(request)
-            if token_id < 0:
-                continue
-            request.output_token_ids.append(token_id)
-            new_token_ids = [token_id]
-            reason = self._check_stop(request, token_id)
+            drafts = plan.drafts.get(request.request_id)
+            if not drafts:
+                request.num_computed_tokens += num_new
+                self.kv.commit(request)
+                if token_id < 0:
+                    continue
+                request.output_token_ids.append(token_id)
+                new_token_ids = [token_id]
+                reason = self._check_stop(request, token_id)
+            else:
+                new_token_ids, reason = self._keep_verified(request, num_new, drafts, num_accepted, token_id)
             error = None
             if request.matcher is not None:
                 reason, error = self._advance_grammar(request, token_id, new_token_ids, reason)
@@ -237,6 +269,8 @@ class SchedulerPolicy:
         request.finish_reason = reason
         del self.requests[request.request_id]
         self._finished_since_last_step.append(request.request_id)
+        if self.proposer is not None:
+            self.proposer.forget(request.request_id)
 
     def _advance_grammar(
         self, request: Request, token_id: int, new_token_ids: list[int], reason: FinishReason | None
@@ -284,14 +318,60 @@ class SchedulerPolicy:
         """``max_tokens`` output tokens, or the context is full."""
         return len(request.output_token_ids) >= request.max_tokens or request.num_tokens >= self.config.max_model_len
 
-    def _scheduled_request(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _propose(self, request: Request, num_new: int, budget: int) -> list[int]:
+        """Draft tokens for a decoding request that may speculate (no grammar, penalties or
+        logprobs), as many as its budget, ``max_tokens`` and the context leave room for."""
+        sampling = request.sampling
+        if (
+            self.proposer is None
+            or num_new != 1
+            or request.num_computed_tokens != request.num_tokens - 1
+            or request.matcher is not None
+            or sampling.logprobs is not None
+            or sampling.needs_history
+        ):
+            return []
+        room = min(
+            budget - 1,
+            request.max_tokens - len(request.output_token_ids) - 1,
+            self.config.max_model_len - request.num_tokens - 1,
+        )
+        return self.proposer.propose(request, room)
+
+    def _keep_verified(
+        self, request: Request, num_new: int, drafts: list[int], num_accepted: int, token_id: int
+    ) -> tuple[list[int], FinishReason | None]:
+        """After a verify step: keep the accepted drafts and the model's token (up to a stop),
+        roll the rejected drafts' positions back, and free the blocks past the new length."""
+        self.spec_stats.record(len(drafts), num_accepted)
+        if self.proposer is not None:
+            self.proposer.feedback(request.request_id, len(drafts), num_accepted)
+        kept = [*drafts[:num_accepted], token_id]
+        reason = None
+        new_token_ids: list[int] = []
+        for t in kept:
+            request.output_token_ids.append(t)
+            new_token_ids.append(t)
+            reason = self._check_stop(request, t)
+            if reason is not None:
+                break
+        # K/V is valid for the last token and the accepted drafts; never past the kept tokens.
+        request.num_computed_tokens = min(
+            request.num_computed_tokens + num_new - (len(drafts) - num_accepted), request.num_tokens - 1
+        )
+        self.kv.trim(request)
+        self.kv.commit(request)
+        return new_token_ids, reason
+
+    def _scheduled_request(self, request: Request, num_new: int, drafts: list[int]) -> ScheduledRequest:
         start = request.num_computed_tokens
-        end = start + num_new
+        end = start + num_new - len(drafts)
         sample = end == request.num_tokens
         history = sample and request.sampling.needs_history
         return ScheduledRequest(
             request_id=request.request_id,
-            token_ids=request.token_ids_slice(start, end),
+            token_ids=request.token_ids_slice(start, end) + drafts if drafts else request.token_ids_slice(start, end),
+            num_draft_tokens=len(drafts),
             start_pos=start,
             block_ids=list(request.block_ids),
             sample=sample,

@@ -1,0 +1,115 @@
+"""N-gram speculation end to end on the default model: lossless for greedy requests.
+
+The same prompts run through an engine without speculation and one with it; every greedy output
+must be token-identical (the verify kernel accepts a draft only where the model's own argmax
+agrees, and the kernels compute a row the same way whatever else is in the step). The prompts
+include text the model is asked to copy, so drafts are proposed and accepted, and the engine's
+blocks must all be back afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.integration.conftest import SERVER_ARGS, ServerProcess
+from tests.integration.test_hf_parity import CHAT, RAW
+from trillium import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+COPY = [
+    "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat,",
+    "def area(r):\n    return 3.14159 * r * r\n\n\ndef area(r):\n    return 3.14159 * r * r\n\n\ndef area(r):\n",
+    "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3,",
+]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    plain = LLM(progress=False)
+    spec = LLM(progress=False, speculative_config='{"method": "ngram", "num_speculative_tokens": 4}')
+    yield plain, spec
+    plain.engine.close()
+    spec.engine.close()
+
+
+def _blocks_all_back(llm: LLM) -> bool:
+    kv = llm.engine.scheduler.policy.kv
+    kv.check_invariants()
+    return kv.num_reclaimable_blocks == kv.num_total_blocks
+
+
+def test_greedy_outputs_are_token_identical_with_speculation(engines) -> None:
+    plain, spec = engines
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    prompts = RAW + COPY
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    want_chat = [o.token_ids for o in plain.chat(CHAT, params)]
+    before = spec.engine.scheduler.policy.spec_stats.num_accepted_tokens
+    for batch in (prompts, [prompts[-1]]):  # together (speculation stands aside at 4+) and alone
+        got = [o.token_ids for o in spec.generate(batch, params)]
+        assert got == want[len(prompts) - len(batch) :]
+    assert [o.token_ids for o in spec.chat(CHAT, params)] == want_chat
+    stats = spec.engine.scheduler.policy.spec_stats
+    assert stats.num_accepted_tokens > before  # the copy prompts were sped up, not just allowed
+    assert _blocks_all_back(spec)
+
+
+def test_seeded_sampling_gives_the_same_tokens_with_speculation(engines) -> None:
+    """A seeded request's number for each sequence position is fixed, and an n-gram draft is
+    accepted exactly when it equals the draw there: the same text with or without speculation,
+    whatever shares the batch. Unseeded sampled requests speculate too (no leak, valid output)."""
+    plain, spec = engines
+    params = [
+        SamplingParams(max_tokens=40, temperature=t, top_p=p, top_k=k, seed=s, ignore_eos=True)
+        for t, p, k, s in ((0.7, 1.0, -1, 1), (1.0, 0.9, -1, 2), (0.5, 1.0, 20, 3))
+    ]
+    prompts = COPY
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    before = spec.engine.scheduler.policy.spec_stats.num_drafts
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        assert spec.generate(prompt, p)[0].token_ids == want[i]
+    assert spec.engine.scheduler.policy.spec_stats.num_drafts > before
+    assert [o.token_ids for o in spec.generate(prompts, params)] == want  # batched
+    unseeded = spec.generate(COPY[0], SamplingParams(max_tokens=20, temperature=0.8, ignore_eos=True))[0]
+    assert len(unseeded.token_ids) == 20
+    assert _blocks_all_back(spec)
+
+
+def test_stop_token_and_max_tokens_inside_an_accepted_run(engines) -> None:
+    plain, spec = engines
+    prompt = COPY[2]
+    free = plain.generate(prompt, SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))[0].token_ids
+    stop_id = free[12]
+    first = free.index(stop_id)
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_id])
+    stopped = spec.generate(prompt, params)[0]
+    assert stopped.token_ids == free[: first + 1] and stopped.finish_reason == "stop"
+    for n in (1, 3, 7, 11):
+        out = spec.generate(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))[0]
+        assert out.token_ids == free[:n] and out.finish_reason == "length"
+    assert _blocks_all_back(spec)
+
+
+def test_server_flag_streams_speculated_tokens_and_reports_them() -> None:
+    """``trillium serve --speculative-config``: a streamed greedy completion equals the
+    non-streamed one, /stats shows the acceptance rate and /metrics vLLM's spec_decode counters."""
+    srv = ServerProcess(*SERVER_ARGS, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}')
+    try:
+        with httpx.Client(base_url=srv.base_url, timeout=120) as http:
+            body = {"prompt": COPY[2], "max_tokens": 32, "temperature": 0, "ignore_eos": True}
+            whole = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+            with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+                chunks = [line[6:] for line in response.iter_lines() if line.startswith("data: {")]
+            assert "".join(json.loads(c)["choices"][0]["text"] for c in chunks) == whole
+            stats = http.get("/stats").json()
+            assert stats["spec_num_accepted_tokens"] > 0 and 0 < stats["spec_acceptance_rate"] <= 1
+            metrics = http.get("/metrics").text
+            assert "trillium:spec_decode_num_accepted_tokens_total" in metrics
+            assert "trillium:spec_decode_num_accepted_tokens_per_pos_total{model_name=" in metrics
+        assert srv.stop() == 0
+    finally:
+        srv.stop()

@@ -1,0 +1,181 @@
+"""Speculative decoding in the scheduling policy (fake executor, real C++ block allocator and
+prefix cache), the n-gram proposer, and the configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fakes import FakeExecutor
+from tests.unit.test_scheduler_policy import BLOCK, expected_output, idle, make, req, run_until_done
+from trillium.config import EngineConfig, SpeculativeConfig
+from trillium.protocol import FinishReason, SamplingParams
+from trillium.scheduler import Request
+from trillium.speculative import NgramProposer
+
+
+class ScriptedProposer:
+    """Proposes the next ``k`` true tokens (FakeExecutor's), with the draft at index ``wrong_at``
+    (if any) replaced by a wrong one; records the feedback it gets."""
+
+    def __init__(self, k: int, wrong_at: int | None = None) -> None:
+        self.k, self.wrong_at = k, wrong_at
+        self.feedback_calls: list[tuple[int, int]] = []
+        self.forgotten: list[str] = []
+
+    def propose(self, request, max_drafts):
+        n = request.num_tokens
+        drafts = [FakeExecutor.token_at(n + j) for j in range(min(self.k, max_drafts))]
+        if self.wrong_at is not None and self.wrong_at < len(drafts):
+            drafts[self.wrong_at] = 1  # never a true token (those are >= 10)
+        return drafts
+
+    def feedback(self, request_id, num_drafts, num_accepted):
+        self.feedback_calls.append((num_drafts, num_accepted))
+
+    def forget(self, request_id):
+        self.forgotten.append(request_id)
+
+
+def greq(rid, prompt_len, max_tokens=8, **sampling):
+    """A greedy request (the kind that speculates)."""
+    return req(rid, prompt_len, max_tokens, **{"temperature": 0.0, **sampling})
+
+
+def speculating(k=4, wrong_at=None, **kw):
+    policy, allocator, executor = make(speculative=SpeculativeConfig(num_speculative_tokens=k), **kw)
+    policy.proposer = ScriptedProposer(k, wrong_at)
+    return policy, allocator, executor
+
+
+@pytest.mark.parametrize("wrong_at", [None, 0, 2])
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_verified_tokens_only_same_output_fewer_steps_no_leak(wrong_at, prefix_cache):
+    policy, _allocator, executor = speculating(wrong_at=wrong_at, prefix_cache=prefix_cache)
+    policy.add(greq("a", 9, max_tokens=23))
+    outputs, reasons = run_until_done(policy, executor)
+    assert outputs["a"] == expected_output(9, 23) and reasons["a"] == FinishReason.LENGTH
+    decode_steps = len(executor.steps) - 1
+    accepted_per_step = {None: 4, 0: 0, 2: 2}[wrong_at]
+    assert decode_steps == -(-22 // (accepted_per_step + 1))  # the prefill step gives the first token
+    stats = policy.spec_stats
+    assert stats.num_accepted_tokens == 23 - 1 - decode_steps
+    assert idle(policy)
+    policy.kv.check_invariants()
+    assert policy.proposer.forgotten == ["a"]
+
+
+def test_rejected_positions_are_rolled_back_and_their_blocks_freed():
+    policy, allocator, executor = speculating(k=6, wrong_at=0)
+    policy.add(greq("a", 8, max_tokens=20))  # 8 prompt tokens: 2 blocks of 4
+    plan = policy.schedule()
+    policy.update(plan, executor.execute(plan.step_input))  # prefill; first token
+    plan = policy.schedule()
+    ((request, num_new),) = plan.scheduled
+    assert num_new == 1 + 6 and len(request.block_ids) == -(-(9 + 6) // BLOCK)
+    policy.update(plan, executor.execute(plan.step_input))  # nothing accepted: 1 new token
+    assert request.num_computed_tokens == 9 and request.num_tokens == 10
+    assert len(request.block_ids) == -(-10 // BLOCK)  # the drafts' extra blocks went back
+    policy.kv.check_invariants()
+    assert allocator.num_free_blocks == allocator.num_total_blocks - len(request.block_ids)
+
+
+def test_eos_inside_an_accepted_run_ends_the_request_there():
+    policy, _allocator, executor = speculating(k=5)
+    executor.eos_at = {"a": 12}  # the token at index 12 of prompt + output is EOS (token 0)
+    policy.proposer.propose = lambda r, m: [
+        0 if r.num_tokens + j == 12 else FakeExecutor.token_at(r.num_tokens + j) for j in range(min(5, m))
+    ]
+    policy.add(greq("a", 9, max_tokens=30))
+    outputs, reasons = run_until_done(policy, executor)
+    assert outputs["a"] == [*expected_output(9, 3), 0] and reasons["a"] == FinishReason.STOP
+    assert idle(policy)
+
+
+def test_max_tokens_is_exact_and_drafts_never_overshoot_it():
+    policy, _allocator, executor = speculating(k=8)
+    for n in (1, 2, 5, 9, 10):
+        policy.add(greq(f"r{n}", 5, max_tokens=n))
+    outputs, _ = run_until_done(policy, executor)
+    for n in (1, 2, 5, 9, 10):
+        assert outputs[f"r{n}"] == expected_output(5, n)
+    for step in executor.steps:
+        for r in step.requests:
+            assert r.num_draft_tokens <= 8
+    assert idle(policy)
+
+
+def test_requests_without_penalties_logprobs_or_grammar_speculate_and_big_batches_do_not():
+    policy, _allocator, executor = speculating(k=3)
+    policy.spec = SpeculativeConfig(num_speculative_tokens=3, disable_by_batch_size=8)
+    policy.add(greq("greedy", 4, max_tokens=6, temperature=0.0))
+    policy.add(greq("sampled", 4, max_tokens=6, temperature=0.8))
+    policy.add(greq("logprobs", 4, max_tokens=6, temperature=0.0, logprobs=2))
+    policy.add(greq("penalty", 4, max_tokens=6, temperature=0.0, presence_penalty=0.5))
+    run_until_done(policy, executor)
+    speculated = {r.request_id for s in executor.steps for r in s.requests if r.num_draft_tokens}
+    assert speculated == {"greedy", "sampled"}
+
+    policy, _allocator, executor = speculating(k=3)
+    for i in range(4):
+        policy.add(greq(f"r{i}", 4, max_tokens=6))
+    run_until_done(policy, executor)
+    assert not any(r.num_draft_tokens for s in executor.steps for r in s.requests)
+
+
+def test_preemption_mid_speculation_recomputes_only_verified_tokens():
+    policy, _allocator, executor = speculating(k=3, wrong_at=1, num_blocks=10)
+    policy.add(greq("a", 12, max_tokens=14))
+    policy.add(greq("b", 12, max_tokens=14))
+    outputs, _ = run_until_done(policy, executor)
+    assert policy.num_preemptions > 0
+    assert outputs["a"] == expected_output(12, 14) and outputs["b"] == expected_output(12, 14)
+    for reused in executor.reused.values():  # readmission read only true tokens back
+        assert reused == list(range(100, 112)) + expected_output(12, len(reused) - 12)
+    assert idle(policy)
+
+
+# ---- the n-gram proposer -----------------------------------------------------------------------
+
+
+def ctx(tokens, output=()):
+    r = Request("r", list(tokens), SamplingParams(), 100)
+    r.output_token_ids = list(output)
+    return r
+
+
+def test_ngram_proposes_what_followed_the_latest_longest_match():
+    p = NgramProposer(3, 1, 3)
+    r = ctx([1, 2, 3, 4, 5, 1, 2, 3])
+    assert p.propose(r, 10) == [4, 5, 1]
+    r.output_token_ids.append(4)
+    assert p.propose(r, 10) == [5, 1, 2]  # the index grew by the new token only
+    assert p.propose(r, 2) == [5, 1]
+    r.output_token_ids.append(9)
+    assert p.propose(r, 10) == []  # 9 never occurred before
+
+
+def test_ngram_backs_off_after_rejections_and_recovers():
+    p = NgramProposer(4, 1, 2)
+    r = ctx([7, 8, 9, 1, 2, 3, 4, 7, 8])
+    assert p.propose(r, 10) == [9, 1, 2, 3]
+    p.feedback("r", 4, 0)
+    assert p.propose(r, 10) == []  # one step off
+    assert len(p.propose(r, 10)) == 1  # then a single draft (cap 2 * 0 + 1)
+    p.feedback("r", 1, 1)
+    assert len(p.propose(r, 10)) == 3
+
+
+def test_speculative_config_from_json_names_the_bad_field():
+    config = SpeculativeConfig.from_json('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}')
+    assert (config.num_speculative_tokens, config.prompt_lookup_max) == (3, 2)
+    with pytest.raises(ValueError, match="model_path"):
+        SpeculativeConfig.from_json('{"model_path": "x"}')
+    with pytest.raises(ValueError, match="method"):
+        SpeculativeConfig.from_json('{"method": "eagle"}')
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpeculativeConfig.from_json('{"num_speculative_tokens": 0}')
+    with pytest.raises(ValueError, match="JSON"):
+        SpeculativeConfig.from_json("{nope")
+    assert EngineConfig(speculative_config='{"num_speculative_tokens": 2}').speculative_config == SpeculativeConfig(
+        num_speculative_tokens=2
+    )
