@@ -186,6 +186,10 @@ def trillium_command(port: int, slots: int) -> list[str]:
         str(port),
         "--max-running",
         str(max(slots, 1)),
+        # The KV memory vLLM gets (VLLM_CPU_KVCACHE_SPACE below): 1 GiB of fp32 K/V holds 23k
+        # tokens, fewer than 64 streams of 256 + 128 need, and preemption would be measured.
+        "--kv-cache-gib",
+        "2",
     ]
 
 
