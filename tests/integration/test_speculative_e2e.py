@@ -113,3 +113,73 @@ def test_server_flag_streams_speculated_tokens_and_reports_them() -> None:
         assert srv.stop() == 0
     finally:
         srv.stop()
+
+
+async def test_aborts_stops_preemption_and_structured_output_leak_no_block() -> None:
+    """A small KV pool (preemption), speculating copy prompts (one stopping on a token inside its
+    accepted runs), a JSON-schema request in the same batch, and two clients that hang up
+    mid-stream: afterwards no block is in use and the drafts were really accepted."""
+    import trio
+
+    spec = '{"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 16}'
+    srv = ServerProcess("--dtype", "fp32", "--kv-cache-gib", "0.02", "--speculative-config", spec)
+    try:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=300) as client:
+            model = (await client.get("/v1/models")).json()["data"][0]["id"]
+
+            def completion(prompt: str, **extra: object) -> dict:
+                return {
+                    "model": model,
+                    "prompt": prompt,
+                    "max_tokens": 200,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    **extra,
+                }
+
+            plain = (await client.post("/v1/completions", json=completion(COPY[2]))).json()
+            tokens = (
+                await client.post("/tokenize", json={"model": model, "prompt": plain["choices"][0]["text"]})
+            ).json()
+            stop_id = tokens["tokens"][20]
+            finishes: dict[str, str] = {}
+
+            async def complete(name: str, payload: dict) -> None:
+                r = await client.post("/v1/completions", json=payload)
+                assert r.status_code == 200, r.text
+                finishes[name] = r.json()["choices"][0]["finish_reason"]
+
+            async def hang_up(prompt: str) -> None:
+                async with client.stream("POST", "/v1/completions", json=completion(prompt, stream=True)) as r:
+                    seen = 0
+                    async for line in r.aiter_lines():
+                        seen += line.startswith("data: {")
+                        if seen >= 3:
+                            break
+
+            schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+            async with trio.open_nursery() as nursery:
+                for i, prompt in enumerate(COPY):
+                    nursery.start_soon(complete, f"copy{i}", completion(prompt))
+                nursery.start_soon(complete, "stop", completion(COPY[2], stop_token_ids=[stop_id]))
+                nursery.start_soon(
+                    complete,
+                    "json",
+                    completion(
+                        "A JSON object naming a cat:",
+                        response_format={"type": "json_schema", "json_schema": {"name": "cat", "schema": schema}},
+                    ),
+                )
+                nursery.start_soon(hang_up, COPY[0])
+                nursery.start_soon(hang_up, COPY[1])
+            assert finishes["stop"] == "stop" and finishes["copy0"] == "length"
+            with trio.fail_after(10):
+                while True:
+                    stats = (await client.get("/stats")).json()
+                    if stats["num_blocks_in_use"] == 0 and stats["num_requests_running"] == 0:
+                        break
+                    await trio.sleep(0.05)
+            assert stats["num_preemptions"] > 0, stats
+            assert stats["spec_num_accepted_tokens"] > 0, stats
+    finally:
+        srv.stop()
