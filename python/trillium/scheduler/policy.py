@@ -18,12 +18,13 @@ At admission a request first reuses the longest cached prefix of its tokens. The
 queue's bound is held at the front door (``EngineClient``).
 
 Speculation (``SpeculativeConfig``): while fewer than ``disable_by_batch_size`` requests run, a
-decoding request (greedy or sampled; not one with penalties, a grammar or logprobs) asks the proposer for up to k drafts and is scheduled for 1 + n tokens
-(its budget and blocks count them all). After the step it keeps the a drafts the model accepted
-plus the model's next token; the rejected drafts' positions are rolled back (``num_computed_tokens``
-stops at the accepted run, blocks past the new length are freed), so only verified tokens ever
-reach the prefix cache. Stop tokens and ``max_tokens`` are checked token by token: a stop inside
-the accepted run ends the request there.
+decoding request (greedy or sampled; not one with penalties, a grammar or logprobs) asks the
+proposer for up to k drafts and is scheduled for 1 + n tokens (its budget and blocks count them
+all). After the step it keeps the a drafts the model accepted plus the model's next token; the
+rejected drafts' positions are rolled back (``num_computed_tokens`` stops at the accepted run,
+blocks past the new length are freed), so only verified tokens ever reach the prefix cache. Stop
+tokens and ``max_tokens`` are checked token by token: a stop inside the accepted run ends the
+request there.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class SchedulerConfig:
     eos_token_ids: frozenset[int] = frozenset()
     model_key: str = ""  # prefix-cache namespace root: the served model's identity
     jump_forward: bool = True  # structured output: append the tokens a grammar forces without sampling
-    speculative: SpeculativeConfig | None = None  # draft tokens for greedy decodes (None: off)
+    speculative: SpeculativeConfig | None = None  # draft tokens for decoding requests (None: off)
 
 
 @dataclasses.dataclass
