@@ -1,5 +1,6 @@
 // Block-quantized linear layer: validation, packing, the portable path and the ISA dispatch.
-// The AVX2 inner loops live in quant_linear_avx2.cc.
+// The SIMD inner loops live in kernels/quant_linear_simd.h, compiled per ISA by
+// quant_linear_avx2.cc and quant_linear_avx512.cc.
 #include "trillium/kernels/quant_linear.h"
 
 #include <algorithm>
@@ -123,7 +124,9 @@ const QuantLinearKernels& active_kernels() {
   static const QuantLinearKernels portable = kernels::quant_linear_portable_kernels();
 #if defined(__x86_64__)
   static const QuantLinearKernels avx2 = kernels::quant_linear_avx2_kernels();
-  if (kernel_isa() != KernelIsa::kPortable) return avx2;  // AVX-512 machines run the AVX2 loops
+  static const QuantLinearKernels avx512 = kernels::quant_linear_avx512_kernels();
+  if (kernel_isa() == KernelIsa::kAvx512) return avx512;
+  if (kernel_isa() != KernelIsa::kPortable) return avx2;
 #endif
   return portable;
 }

@@ -4,7 +4,7 @@
 //
 // Detection reads cpuid and xgetbv: a level counts only if the CPU has the instructions AND the OS
 // saves their register state (an AVX-512 CPU under an OS that does not save ZMM runs AVX2).
-// Families that have no loops for a level use the best level below it (e.g. quant_linear runs its
+// Families that have no loops for a level use the best level below it (e.g. layer ops run their
 // AVX2 loops when kernel_isa() is kAvx512).
 #pragma once
 
