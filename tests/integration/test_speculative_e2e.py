@@ -107,6 +107,7 @@ def test_server_flag_streams_speculated_tokens_and_reports_them() -> None:
             assert "".join(json.loads(c)["choices"][0]["text"] for c in chunks) == whole
             stats = http.get("/stats").json()
             assert stats["spec_num_accepted_tokens"] > 0 and 0 < stats["spec_acceptance_rate"] <= 1
+            assert stats["spec_disable_by_batch_size"] == 4
             metrics = http.get("/metrics").text
             assert "trillium:spec_decode_num_accepted_tokens_total" in metrics
             assert "trillium:spec_decode_num_accepted_tokens_per_pos_total{model_name=" in metrics

@@ -33,6 +33,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     spec_num_accepted_tokens: int = 0  # draft tokens the model accepted
     spec_accepted_per_pos: list[int] = msgspec.field(default_factory=list)  # acceptances of draft j
     spec_acceptance_rate: float = 0.0  # accepted / proposed draft tokens (0 before any)
+    spec_disable_by_batch_size: int = 0  # no request speculates once this many run (0: speculation off)
 
 
 class GrammarStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):

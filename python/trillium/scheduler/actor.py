@@ -352,5 +352,6 @@ class SchedulerActor(Actor):
                 spec_num_accepted_tokens=spec.num_accepted_tokens,
                 spec_accepted_per_pos=list(spec.accepted_per_pos),
                 spec_acceptance_rate=round(spec.acceptance_rate, 4),
+                spec_disable_by_batch_size=self.policy.spec.disable_by_batch_size if self.policy.spec else 0,
             )
         )
