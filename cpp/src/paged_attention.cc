@@ -6,7 +6,10 @@
 //   decode  (request, KV head, key range)   ranges of >= kMinSplitKeys keys, block-aligned; the last
 //                                           range of a (request, KV head) to finish merges them all
 //   extend  (request, KV head, query tile)  tiles of ~kTileRows query rows (tokens x G heads);
-//                                           query_len == 1 requests use the decode loop, unsplit
+//                                           requests of <= kMaxDecodeRowsQuery new tokens run
+//                                           each token as a decode row instead
+// A decode row's split depends on its context length alone, so a token's attention is the same
+// bits in every kind of step (see split_len_for).
 #include "trillium/kernels/paged_attention.h"
 
 #include <algorithm>
@@ -33,6 +36,9 @@ using kernels::KVView;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int32_t kMinSplitKeys = 256;  // shorter key ranges cost more in merging than they balance
+constexpr int32_t kSplitsMax = 16;      // a decode row's key ranges, at most (enough for 16 threads)
+constexpr int32_t kMaxDecodeRowsQuery = 16;  // extend: a request with this few new tokens runs them as
+                                             // decode rows (a verify step's rows equal decode's)
 constexpr int32_t kTileRows = 192;      // extend: query rows (tokens x G) per work item, at most
 constexpr int32_t kMinTileRows = 24;    // ... and at least, when shrinking tiles to feed the threads
 constexpr int32_t kMaxHeadDim = 1024;
@@ -175,36 +181,44 @@ float* thread_scratch(int64_t floats) {
   return buf.data();
 }
 
-}  // namespace
+// One query token attending over the first `ctx` keys of request `request`'s pool, all heads.
+struct DecodeRow {
+  int64_t token;
+  int32_t request, ctx;
+};
 
-// ---------------------------------------------------------------------------------------- API
-Status paged_attention_decode(const PagedAttentionArgs& a) {
-  if (Status st = validate(a, /*decode=*/true); !st.ok()) return st;
-  if (a.num_requests == 0) return Status::Ok();
-  const int32_t R = a.num_requests, H = a.num_kv_heads, G = a.num_q_heads / a.num_kv_heads, D = a.head_dim;
+// Key range length of a decode row's splits: a function of its context length only (never of the
+// batch, the step's shape or the thread count), so a row's result is the same bits whichever
+// step computes it -- a decode step, a verify step's draft row, a mixed step. Speculative
+// decoding's lossless outputs rest on that.
+int64_t split_len_for(int32_t ctx, int32_t block_size) {
+  const int64_t len = std::max<int64_t>(kMinSplitKeys, (static_cast<int64_t>(ctx) + kSplitsMax - 1) / kSplitsMax);
+  return (len + block_size - 1) / block_size * block_size;
+}
+
+// The decode loop over `rows` (validated by the caller): long contexts are split into key ranges
+// (split_len_for) whose partial states are merged in range order by the last one to finish.
+void run_decode_rows(const PagedAttentionArgs& a, const std::vector<DecodeRow>& todo) {
+  const int32_t H = a.num_kv_heads, G = a.num_q_heads / a.num_kv_heads, D = a.head_dim;
   const int32_t rows = H * G;
   const int threads = thread_count(a);
   const kernels::DecodeFn decode = isa_kernels(kernel_isa()).decode[a.kv_dtype == DType::kBF16];
+  const auto n = static_cast<int32_t>(todo.size());
 
-  // Split long contexts so that there are about 8 items per thread; never below kMinSplitKeys keys.
-  int64_t total_keys = 0;
-  for (int32_t r = 0; r < R; ++r) total_keys += a.context_lens[r];
-  int64_t split_len = INT32_MAX;
-  if (threads > 1) {
-    split_len = std::max<int64_t>(kMinSplitKeys, total_keys / (8 * threads));
-    split_len = (split_len + a.block_size - 1) / a.block_size * a.block_size;
-  }
   struct Item {
-    int32_t request, key_begin, key_end, split, num_splits;
+    int32_t row, key_begin, key_end, split, num_splits;
   };
   std::vector<Item> items;
-  std::vector<int64_t> first_partial(R, -1);  // partial slot of (request, split 0)
+  std::vector<int64_t> first_partial(static_cast<size_t>(n), -1);  // partial slot of (row, split 0)
+  std::vector<int32_t> num_splits(static_cast<size_t>(n), 1);
   int64_t num_partials = 0;
-  for (int32_t r = 0; r < R; ++r) {
-    const int32_t ctx = a.context_lens[r];
+  for (int32_t r = 0; r < n; ++r) {
+    const int32_t ctx = todo[static_cast<size_t>(r)].ctx;
+    const int64_t split_len = split_len_for(ctx, a.block_size);
     const auto splits = static_cast<int32_t>((ctx + split_len - 1) / split_len);
+    num_splits[static_cast<size_t>(r)] = splits;
     if (splits > 1) {
-      first_partial[r] = num_partials;
+      first_partial[static_cast<size_t>(r)] = num_partials;
       num_partials += splits;
     }
     for (int32_t s = 0; s < splits; ++s) {
@@ -216,10 +230,9 @@ Status paged_attention_decode(const PagedAttentionArgs& a) {
   // Partial states of split items: [slot][rows * (D + 2)] = acc [rows, D], m [rows], l [rows].
   const int64_t slot_floats = static_cast<int64_t>(rows) * (D + 2);
   std::vector<float> partials(static_cast<size_t>(num_partials * slot_floats));
-  std::vector<std::atomic<int32_t>> remaining(static_cast<size_t>(num_partials > 0 ? R : 0));
-  for (int32_t r = 0; r < R && num_partials > 0; ++r) {
-    remaining[static_cast<size_t>(r)].store(static_cast<int32_t>((a.context_lens[r] + split_len - 1) / split_len),
-                                             std::memory_order_relaxed);
+  std::vector<std::atomic<int32_t>> remaining(static_cast<size_t>(num_partials > 0 ? n : 0));
+  for (int32_t r = 0; r < n && num_partials > 0; ++r) {
+    remaining[static_cast<size_t>(r)].store(num_splits[static_cast<size_t>(r)], std::memory_order_relaxed);
   }
 
   const int64_t num_items = static_cast<int64_t>(items.size());
@@ -228,54 +241,65 @@ Status paged_attention_decode(const PagedAttentionArgs& a) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && num_items > 1)
   for (int64_t i = 0; i < num_items; ++i) {
     const Item& it = items[static_cast<size_t>(i)];
+    const DecodeRow& row = todo[static_cast<size_t>(it.row)];
     float* buf = thread_scratch(scratch_floats);
     float* q = buf;
     float* acc = q + rows * D;
     float* l = acc + rows * D + rows;
     DecodeWork w;
-    w.kv = kv_view(a, it.request, /*kv_head=*/0);
+    w.kv = kv_view(a, row.request, /*kv_head=*/0);
     w.num_kv_heads = H;
     w.group = G;
     w.q = q;
     w.key_begin = it.key_begin;
     w.key_end = it.key_end;
     w.scratch = buf + own_floats;
-    load_queries(a, it.request, 1, 0, rows, q);
+    load_queries(a, row.token, 1, 0, rows, q);
     if (it.num_splits == 1) {
       w.acc = acc;
       w.m = acc + rows * D;
       w.l = l;
       decode(w);
-      write_rows(a, it.request, 1, 0, rows, acc, l);
+      write_rows(a, row.token, 1, 0, rows, acc, l);
       continue;
     }
-    const int64_t first_slot = first_partial[it.request];
+    const int64_t first_slot = first_partial[static_cast<size_t>(it.row)];
     float* slot = partials.data() + (first_slot + it.split) * slot_floats;
     w.acc = slot;
     w.m = slot + rows * D;
     w.l = w.m + rows;
     decode(w);
-    // The last split of this request to finish merges all of them (acq_rel: it sees every other
-    // split's writes).
-    if (remaining[static_cast<size_t>(it.request)].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
-    for (int32_t row = 0; row < rows; ++row) {
+    // The last split of this row to finish merges all of them, in range order (acq_rel: it sees
+    // every other split's writes).
+    if (remaining[static_cast<size_t>(it.row)].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+    for (int32_t hr = 0; hr < rows; ++hr) {
       float m_max = -INFINITY;
       for (int32_t s = 0; s < it.num_splits; ++s) {
-        m_max = std::max(m_max, partials[(first_slot + s) * slot_floats + rows * D + row]);
+        m_max = std::max(m_max, partials[(first_slot + s) * slot_floats + rows * D + hr]);
       }
       float l_sum = 0.0f;
-      float* out_row = acc + row * D;
+      float* out_row = acc + hr * D;
       std::fill(out_row, out_row + D, 0.0f);
       for (int32_t s = 0; s < it.num_splits; ++s) {
         const float* p = partials.data() + (first_slot + s) * slot_floats;
-        const float weight = std::exp2(p[rows * D + row] - m_max);
-        l_sum += p[rows * D + rows + row] * weight;
-        for (int32_t d = 0; d < D; ++d) out_row[d] += p[row * D + d] * weight;
+        const float weight = std::exp2(p[rows * D + hr] - m_max);
+        l_sum += p[rows * D + rows + hr] * weight;
+        for (int32_t d = 0; d < D; ++d) out_row[d] += p[hr * D + d] * weight;
       }
-      l[row] = l_sum;
+      l[hr] = l_sum;
     }
-    write_rows(a, it.request, 1, 0, rows, acc, l);
+    write_rows(a, row.token, 1, 0, rows, acc, l);
   }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------- API
+Status paged_attention_decode(const PagedAttentionArgs& a) {
+  if (Status st = validate(a, /*decode=*/true); !st.ok()) return st;
+  std::vector<DecodeRow> rows(static_cast<size_t>(a.num_requests));
+  for (int32_t r = 0; r < a.num_requests; ++r) rows[static_cast<size_t>(r)] = {r, r, a.context_lens[r]};
+  run_decode_rows(a, rows);
   return Status::Ok();
 }
 
@@ -286,31 +310,40 @@ Status paged_attention_extend(const PagedAttentionArgs& a) {
   const int threads = thread_count(a);
   const IsaKernels& k = isa_kernels(kernel_isa());
   const int dt = a.kv_dtype == DType::kBF16;
+  const auto qlen_of = [&](int32_t r) { return a.query_start_loc[r + 1] - a.query_start_loc[r]; };
+  // Requests with few new tokens (decodes, speculative verify steps, short chunks) run each token
+  // as a decode row over the keys it sees: the same arithmetic as a decode step's.
+  std::vector<DecodeRow> decode_rows;
+  for (int32_t r = 0; r < R; ++r) {
+    const int32_t qlen = qlen_of(r);
+    if (qlen > kMaxDecodeRowsQuery) continue;
+    const int32_t ctx = a.context_lens[r];
+    for (int32_t i = 0; i < qlen; ++i) decode_rows.push_back({a.query_start_loc[r] + i, r, ctx - qlen + i + 1});
+  }
+  if (!decode_rows.empty()) run_decode_rows(a, decode_rows);
+
   // Query tokens per item: big tiles amortize each K chunk's transpose over more rows; halve them
   // while there would be fewer than ~4 items per thread.
   int32_t tile = std::max<int32_t>(1, kTileRows / G);
   const auto count_items = [&](int32_t t) {
     int64_t n = 0;
     for (int32_t r = 0; r < R; ++r) {
-      const int32_t qlen = a.query_start_loc[r + 1] - a.query_start_loc[r];
-      n += qlen == 1 ? 1 : static_cast<int64_t>(H) * ((qlen + t - 1) / t);
+      const int32_t qlen = qlen_of(r);
+      if (qlen > kMaxDecodeRowsQuery) n += static_cast<int64_t>(H) * ((qlen + t - 1) / t);
     }
     return n;
   };
   while (tile * G > kMinTileRows && count_items(tile) < 4 * threads) tile = std::max(1, tile / 2);
 
   struct Item {
-    int32_t request, kv_head, first_query, num_queries;  // kv_head -1: a decode row, all heads
+    int32_t request, kv_head, first_query, num_queries;
     int64_t cost;  // ~ rows x keys, to start the expensive items first
   };
   std::vector<Item> items;
   for (int32_t r = 0; r < R; ++r) {
-    const int32_t qlen = a.query_start_loc[r + 1] - a.query_start_loc[r];
+    const int32_t qlen = qlen_of(r);
+    if (qlen <= kMaxDecodeRowsQuery) continue;
     const int32_t ctx = a.context_lens[r];
-    if (qlen == 1) {
-      items.push_back({r, -1, 0, 1, static_cast<int64_t>(ctx) * H});
-      continue;
-    }
     for (int32_t i0 = 0; i0 < qlen; i0 += tile) {
       const int32_t nq = std::min(tile, qlen - i0);
       const int64_t keys = ctx - qlen + i0 + nq;
@@ -320,55 +353,35 @@ Status paged_attention_extend(const PagedAttentionArgs& a) {
   std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
 
   const int64_t num_items = static_cast<int64_t>(items.size());
-  const int64_t rows_max = static_cast<int64_t>(std::max(tile * G, H * G));
+  const int64_t rows_max = static_cast<int64_t>(tile) * G;
   const int64_t own_floats = rows_max * D * 2 + 2 * rows_max;
-  const int64_t scratch_floats =
-      own_floats + std::max(kernels::extend_scratch_floats(D, static_cast<int32_t>(rows_max)),
-                                    kernels::decode_scratch_floats(D, H * G));
+  const int64_t scratch_floats = own_floats + kernels::extend_scratch_floats(D, static_cast<int32_t>(rows_max));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && num_items > 1)
   for (int64_t i = 0; i < num_items; ++i) {
     const Item& it = items[static_cast<size_t>(i)];
-    const int32_t qlen = a.query_start_loc[it.request + 1] - a.query_start_loc[it.request];
+    const int32_t qlen = qlen_of(it.request);
     const int32_t ctx = a.context_lens[it.request];
     const int64_t token = a.query_start_loc[it.request] + it.first_query;
-    const bool decode_row = it.kv_head < 0;  // all heads of one token: no transposed chunks needed
-    const int32_t first_head = decode_row ? 0 : it.kv_head * G;
-    const int32_t heads = decode_row ? H * G : G;  // query heads in this item
-    const int64_t rows = static_cast<int64_t>(it.num_queries) * heads;
+    const int32_t first_head = it.kv_head * G;
+    const int64_t rows = static_cast<int64_t>(it.num_queries) * G;
     float* buf = thread_scratch(scratch_floats);
     float* q = buf;
     float* acc = q + rows * D;
     float* m = acc + rows * D;
     float* l = m + rows;
-    float* scratch = buf + own_floats;
-    load_queries(a, token, it.num_queries, first_head, heads, q);
-    if (decode_row) {
-      DecodeWork w;
-      w.kv = kv_view(a, it.request, 0);
-      w.num_kv_heads = H;
-      w.group = G;
-      w.q = q;
-      w.key_begin = 0;
-      w.key_end = ctx;
-      w.acc = acc;
-      w.m = m;
-      w.l = l;
-      w.scratch = scratch;
-      k.decode[dt](w);
-    } else {
-      ExtendWork w;
-      w.kv = kv_view(a, it.request, it.kv_head);
-      w.group = G;
-      w.num_queries = it.num_queries;
-      w.first_pos = ctx - qlen + it.first_query;
-      w.q = q;
-      w.acc = acc;
-      w.m = m;
-      w.l = l;
-      w.scratch = scratch;
-      k.extend[dt](w);
-    }
-    write_rows(a, token, it.num_queries, first_head, heads, acc, l);
+    load_queries(a, token, it.num_queries, first_head, G, q);
+    ExtendWork w;
+    w.kv = kv_view(a, it.request, it.kv_head);
+    w.group = G;
+    w.num_queries = it.num_queries;
+    w.first_pos = ctx - qlen + it.first_query;
+    w.q = q;
+    w.acc = acc;
+    w.m = m;
+    w.l = l;
+    w.scratch = buf + own_floats;
+    k.extend[dt](w);
+    write_rows(a, token, it.num_queries, first_head, G, acc, l);
   }
   return Status::Ok();
 }

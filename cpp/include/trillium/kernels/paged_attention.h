@@ -55,13 +55,17 @@ struct PagedAttentionArgs {
 
 // Decode: exactly one new token per request (T == R, row r is request r; query_start_loc unused).
 // Long contexts are split into key ranges whose partial softmax states are merged (flash-decoding),
-// so a single request still uses every thread. Requires context_lens[r] >= 1.
+// so a single request still uses every thread; the ranges depend on the context length alone, so
+// a row's result does not depend on the batch or the thread count. Requires context_lens[r] >= 1.
 // kInvalidArgument (nothing written) on bad sizes, dtypes, lengths or block ids.
 Status paged_attention_decode(const PagedAttentionArgs& args);
 
 // Extend (prefill, chunked prefill, prefix reuse, mixed batches): any number of new tokens per
 // request, causal over cached prefix + new tokens, ragged lengths in one call. Requests with
-// query_len 0 are skipped. kInvalidArgument (nothing written) on bad input.
+// query_len 0 are skipped. A request with at most 16 new tokens (a decode, a speculative verify
+// step) runs each token exactly as a decode row over the keys it sees, so its results are
+// bit-identical to decoding those tokens one at a time. kInvalidArgument (nothing written) on
+// bad input.
 Status paged_attention_extend(const PagedAttentionArgs& args);
 
 }  // namespace trillium
