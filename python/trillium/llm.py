@@ -27,6 +27,9 @@ class RequestOutput:
     token_ids: list[int]
     prompt_token_ids: list[int]
     finish_reason: str
+    # With ``SamplingParams(logprobs=k)``: per output token, (its logprob, [(token id, logprob)] of
+    # the k most likely, best first).
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 class LLM:
@@ -86,14 +89,19 @@ class LLM:
                     grammar = await client.compile_grammar(sampling.structured)  # GrammarError: a ValueError
                 stream = client.open_stream(client.new_request_id("offline"), prompt_ids, sampling, grammar=grammar)
                 text, ids = [], []
+                logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
                 async for out in stream:
                     text.append(out.text)
                     ids.extend(out.token_ids)
+                    if out.logprobs is not None:
+                        logprobs = (logprobs or []) + out.logprobs
                     if out.error:
                         raise RuntimeError(out.error)
                 assert stream.finish_reason is not None  # the stream only ends once it has a reason
                 prompt = kwargs["prompt"] if "prompt" in kwargs else kwargs["messages"]
-                results[i] = RequestOutput(prompt, "".join(text), ids, prompt_ids, stream.finish_reason.openai_name)
+                results[i] = RequestOutput(
+                    prompt, "".join(text), ids, prompt_ids, stream.finish_reason.openai_name, logprobs
+                )
 
             async with trio.open_nursery() as requests:
                 for i, kwargs in enumerate(inputs):

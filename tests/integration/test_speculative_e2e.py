@@ -79,6 +79,54 @@ def test_seeded_sampling_gives_the_same_tokens_with_speculation(engines) -> None
     assert _blocks_all_back(spec)
 
 
+def test_penalties_logprobs_and_grammar_speculate_and_match_plain_decoding(engines) -> None:
+    """Each draft position is processed as if the drafts before it were output: its penalties
+    count them, its logprobs are reported, and its grammar mask is the one after them. So
+    these requests speculate too, and their tokens and logprobs equal plain decoding's."""
+    from trillium.protocol import StructuredOutputs
+
+    plain, spec = engines
+    schema = {"type": "object", "properties": {"text": {"type": "string", "maxLength": 200}}, "required": ["text"]}
+    copy_as_json = (
+        'Repeat "the cat sat on the mat, the cat sat on the mat, the cat sat on the mat" as JSON: {"text": "the'
+    )
+    cases = [
+        (COPY[0], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, repetition_penalty=1.05)),
+        (COPY[2], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, frequency_penalty=0.1)),
+        (COPY[1], SamplingParams(max_tokens=40, temperature=0.7, seed=5, ignore_eos=True, presence_penalty=0.2)),
+        (COPY[2], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=3)),
+        (COPY[0], SamplingParams(max_tokens=30, temperature=0.8, seed=9, ignore_eos=True, logprobs=2)),
+        (
+            copy_as_json,
+            SamplingParams(max_tokens=60, temperature=0.0, structured=StructuredOutputs(json=json.dumps(schema))),
+        ),
+        (
+            COPY[0],
+            SamplingParams(
+                max_tokens=50,
+                temperature=0.0,
+                structured=StructuredOutputs(regex=r"(the (cat|dog) sat on the mat, ){2,8}"),
+            ),
+        ),
+    ]
+    stats = spec.engine.scheduler.policy.spec_stats
+    for prompt, params in cases:
+        want = plain.generate(prompt, params)[0]
+        before = stats.num_drafts
+        got = spec.generate(prompt, params)[0]
+        assert got.token_ids == want.token_ids, params
+        assert got.finish_reason == want.finish_reason
+        if params.logprobs is not None:
+            assert got.logprobs is not None and want.logprobs is not None
+            assert len(got.logprobs) == len(got.token_ids)
+            for (g_lp, g_top), (w_lp, w_top) in zip(got.logprobs, want.logprobs):
+                assert g_lp == pytest.approx(w_lp, abs=1e-4)
+                assert [t for t, _ in g_top] == [t for t, _ in w_top]
+                assert [v for _, v in g_top] == pytest.approx([v for _, v in w_top], abs=1e-4)
+        assert stats.num_drafts > before, params  # it really speculated
+    assert _blocks_all_back(spec)
+
+
 def test_stop_token_and_max_tokens_inside_an_accepted_run(engines) -> None:
     plain, spec = engines
     prompt = COPY[2]

@@ -104,7 +104,7 @@ def test_max_tokens_is_exact_and_drafts_never_overshoot_it():
     assert idle(policy)
 
 
-def test_requests_without_penalties_logprobs_or_grammar_speculate_and_big_batches_do_not():
+def test_every_decoding_request_speculates_and_big_batches_do_not():
     policy, _allocator, executor = speculating(k=3)
     policy.spec = SpeculativeConfig(num_speculative_tokens=3, disable_by_batch_size=8)
     policy.add(greq("greedy", 4, max_tokens=6, temperature=0.0))
@@ -113,7 +113,7 @@ def test_requests_without_penalties_logprobs_or_grammar_speculate_and_big_batche
     policy.add(greq("penalty", 4, max_tokens=6, temperature=0.0, presence_penalty=0.5))
     run_until_done(policy, executor)
     speculated = {r.request_id for s in executor.steps for r in s.requests if r.num_draft_tokens}
-    assert speculated == {"greedy", "sampled"}
+    assert speculated == {"greedy", "sampled", "logprobs", "penalty"}
 
     policy, _allocator, executor = speculating(k=3)
     for i in range(4):

@@ -155,7 +155,7 @@ class MaskingExecutor:
             logits[:, self.eos] = 10.0
         seen = {}
         if step_input.bitmask is not None:
-            step_input.bitmask.apply(logits, rows)
+            step_input.bitmask.apply(logits, [(i, 1) for i in rows])
             seen = {step_input.requests[i].request_id: step_input.bitmask.rows[i] for i in rows}
         self.mask_rows.append(seen)
         out = [-1] * len(step_input.requests)

@@ -76,7 +76,7 @@ class ModelRunner:
         sample_rows = [i for i, r in enumerate(requests) if r.sample and not r.num_draft_tokens]
         draft_rows = [i for i, r in enumerate(requests) if r.num_draft_tokens]
         sampled = [-1] * len(requests)
-        logprobs: list[TopLogprobs | None] | None = None
+        logprobs: list[list[TopLogprobs] | None] | None = None
         num_accepted: list[int] | None = None
         # Logits rows: the last token of each sampling request, then every position of each
         # speculating request (its last token and drafts: the model's choice after each).
@@ -91,19 +91,24 @@ class ModelRunner:
             if rows
             else None
         )  # [S + sum(n_i + 1), V]
+        if step_input.bitmask is not None and all_logits is not None:
+            # Structured output: disallowed tokens -> -inf before any sampling parameter, so
+            # bias, penalties, temperature, top-p and logprobs all see the masked distribution;
+            # a speculating request's rows take the masks of their positions.
+            spans = [(i, 1) for i in sample_rows] + [(i, requests[i].num_draft_tokens + 1) for i in draft_rows]
+            step_input.bitmask.apply(all_logits, spans)
         if draft_rows:
             assert all_logits is not None
-            accepted = verify_drafts(all_logits[len(sample_rows) :], [requests[i] for i in draft_rows])
+            verified = verify_drafts(all_logits[len(sample_rows) :], [requests[i] for i in draft_rows])
             num_accepted = [0] * len(requests)
-            for i, (num, token_id) in zip(draft_rows, accepted):
-                num_accepted[i], sampled[i] = num, token_id
+            for i, v in zip(draft_rows, verified):
+                num_accepted[i], sampled[i] = v.num_accepted, v.token_id
+                if v.logprobs is not None:
+                    logprobs = logprobs or [None] * len(requests)
+                    logprobs[i] = v.logprobs
         if sample_rows:
             assert all_logits is not None
             logits = all_logits[: len(sample_rows)]
-            if step_input.bitmask is not None:
-                # Structured output: disallowed tokens -> -inf before any sampling parameter, so
-                # bias, penalties, temperature, top-p and logprobs all see the masked distribution.
-                step_input.bitmask.apply(logits, sample_rows)
             params = [requests[i].sampling for i in sample_rows]
             generators = [_generator(requests[i]) for i in sample_rows]
             histories = [_history(requests[i]) for i in sample_rows]
@@ -111,9 +116,9 @@ class ModelRunner:
             for i, token_id in zip(sample_rows, result.token_ids):
                 sampled[i] = token_id
             if result.logprobs is not None:
-                logprobs = [None] * len(requests)
+                logprobs = logprobs or [None] * len(requests)
                 for i, lp in zip(sample_rows, result.logprobs):
-                    logprobs[i] = lp
+                    logprobs[i] = None if lp is None else [lp]
         return StepOutput(sampled, logprobs, num_accepted)
 
 

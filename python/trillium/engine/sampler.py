@@ -24,8 +24,8 @@ import torch
 from trillium.protocol import SamplingParams
 
 TopLogprobs = tuple[float, list[tuple[int, float]]]  # (chosen logprob, [(token id, logprob)])
-# (rows that asked, their log-softmax [L, V], top ids, top values, each row's k): see _logprobs.
-_RowLogprobs = tuple[list[int], torch.Tensor, list[list[int]], list[list[float]], list[int]]
+# (rows that asked, their log-softmax [L, V], top ids, top values, each row's k): see row_logprobs.
+RowLogprobs = tuple[list[int], torch.Tensor, list[list[int]], list[list[float]], list[int]]
 
 
 @dataclasses.dataclass
@@ -50,12 +50,12 @@ def sample(
     if any(p.needs_history for p in params):
         assert histories is not None, "penalties need the token history"
         apply_penalties(logits, params, histories)
-    logprobs = _logprobs(logits, params)
+    logprobs = row_logprobs(logits, params)
 
     greedy = logits.argmax(dim=-1)  # [N]
     random_rows = [i for i, p in enumerate(params) if p.temperature > 0.0]
     if not random_rows:
-        return SampleResult(greedy.tolist(), _with_chosen(logprobs, logits, greedy))
+        return SampleResult(greedy.tolist(), with_chosen(logprobs, logits, greedy))
 
     rows = torch.tensor(random_rows, dtype=torch.long)
     sub = logits.index_select(0, rows)  # [R, V]
@@ -73,7 +73,7 @@ def sample(
     out = greedy.clone()
     out[rows] = chosen
     assert out.shape[0] == num_rows
-    return SampleResult(out.tolist(), _with_chosen(logprobs, logits, out))
+    return SampleResult(out.tolist(), with_chosen(logprobs, logits, out))
 
 
 def _inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
@@ -229,7 +229,7 @@ def _truncate_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float],
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
-def _logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> _RowLogprobs | None:
+def row_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> RowLogprobs | None:
     """(rows that asked, their log-softmax, top ids, top values, each row's k), or None."""
     asked = [(i, p.logprobs) for i, p in enumerate(params) if p.logprobs is not None]
     if not asked:
@@ -242,9 +242,9 @@ def _logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> _RowLogprob
     return rows, logp, top_ids.tolist(), top_vals.tolist(), ks
 
 
-def _with_chosen(
-    lp: _RowLogprobs | None, logits: torch.Tensor, chosen: torch.Tensor
-) -> list[TopLogprobs | None] | None:
+def with_chosen(lp: RowLogprobs | None, logits: torch.Tensor, chosen: torch.Tensor) -> list[TopLogprobs | None] | None:
+    """Per row of ``logits``: (logprob of ``chosen[row]``, top alternatives) for the rows that
+    asked (``lp`` from :func:`row_logprobs`), None for the others; None when none asked."""
     if lp is None:
         return None
     rows, logp, top_ids, top_vals, ks = lp

@@ -1,25 +1,28 @@
 """Verify a step's draft tokens: the model's own choice at each position against the drafts.
 
-Speculating requests (``scheduler.policy`` picks them: no penalties, grammar or logprobs) are
-greedy or sampled. Position j's row sees the request's last token and drafts 0..j-1 as already
-output; the row is processed as the sampler would process it when decoding one token at a time:
+A speculating request's rows are its last token's and each draft's (row j predicts the token
+after drafts 0..j-1). Each row is processed exactly as the sampler processes a row when the
+request decodes one token at a time, with drafts 0..j-1 taken as already output::
 
-    logit_bias -> [greedy: argmax]  |  temperature -> top-k / top-p / min-p -> softmax -> draw
+    [grammar mask at position j] -> logit_bias -> penalties (history + drafts 0..j-1)
+      -> [logprobs] -> [greedy: argmax] | temperature -> top-k / top-p / min-p -> softmax
 
-and the core's kernel (``ops.spec_verify``) accepts a draft while it equals that choice: the
-argmax (GREEDY), or the inverse-CDF draw at the request's number for that position
-(POINT_MASS: an n-gram draft is a point mass). A seeded request's number for sequence index p
-comes from :func:`position_generator`, exactly as when it decodes without speculation, so its
-tokens are the same either way; an unseeded one draws fresh numbers (same distribution).
-Penalty requests do not speculate: a penalty at position j would need drafts 0..j-1 in its
-history.
+(the grammar mask is applied by the runner, from the grammar thread's per-position masks). The
+core's kernel (``ops.spec_verify``) then accepts a draft while it equals that choice: the argmax
+(GREEDY), or the inverse-CDF draw at the request's number for that position (POINT_MASS: an
+n-gram draft is a point mass). A seeded request's number for sequence index p comes from
+:func:`position_generator`, exactly as when it decodes without speculation, so its tokens are
+the same either way; an unseeded one draws fresh numbers (same distribution). Logprobs of the
+kept tokens are read from the same rows, so they equal those of one-token-at-a-time decoding.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from trillium.engine.sampler import apply_logit_bias, truncate
+from trillium.engine.sampler import TopLogprobs, apply_logit_bias, apply_penalties, row_logprobs, truncate, with_chosen
 from trillium.ops.spec_verify import VerifyMode, spec_verify
 from trillium.protocol import ScheduledRequest
 
@@ -36,45 +39,84 @@ def position_generator(seed: int, position: int) -> torch.Generator:
     return torch.Generator().manual_seed(z ^ (z >> 31))
 
 
-def verify_drafts(logits: torch.Tensor, requests: list[ScheduledRequest]) -> list[tuple[int, int]]:
-    """``(number of drafts accepted, next token)`` per speculating request.
+@dataclasses.dataclass
+class Verified:
+    """One speculating request's result: ``num_accepted`` drafts kept, then ``token_id`` (the
+    model's choice after them); ``logprobs`` (when asked) has one entry per kept token."""
 
-    ``logits`` [sum(n_i + 1), V] holds request i's n_i + 1 positions in order (its last token,
-    then each draft); it is modified in place.
+    num_accepted: int
+    token_id: int
+    logprobs: list[TopLogprobs] | None = None
+
+
+def verify_drafts(logits: torch.Tensor, requests: list[ScheduledRequest]) -> list[Verified]:
+    """Verify each speculating request's drafts.
+
+    ``logits`` [sum(n_i + 1), V] holds request i's n_i + 1 rows in order (its last token, then
+    each draft), already masked by any grammar; it is modified in place. Requests with penalties
+    must carry their history (``prompt_token_ids``, ``output_token_ids``).
     """
     counts = [r.num_draft_tokens for r in requests]
-    apply_logit_bias(logits, [r.sampling.logit_bias for r in requests for _ in range(r.num_draft_tokens + 1)])
+    drafts_of = [r.token_ids[1:] for r in requests]
+    params = [r.sampling for r, n in zip(requests, counts) for _ in range(n + 1)]
+    apply_logit_bias(logits, [p.logit_bias for p in params])
+    if any(r.sampling.needs_history for r in requests):
+        histories: list[tuple[list[int], list[int]] | None] = []
+        for r, n, drafts in zip(requests, counts, drafts_of):
+            if not r.sampling.needs_history:
+                histories.extend([None] * (n + 1))
+                continue
+            assert r.prompt_token_ids is not None, "penalties need the token history"
+            output = r.output_token_ids or []
+            histories.extend((r.prompt_token_ids, output + drafts[:j]) for j in range(n + 1))
+        apply_penalties(logits, params, histories)
+    logprobs = row_logprobs(logits, params)
+
     k = max(counts)
     vocab = logits.shape[1]
     target = logits.new_zeros((len(requests), k + 1, vocab))
-    drafts = torch.zeros(len(requests), k, dtype=torch.int64)
+    draft_tokens = torch.zeros(len(requests), k, dtype=torch.int64)
     uniforms = torch.zeros(len(requests), k + 1, dtype=torch.float64)
     modes = []
     start = 0
-    for i, (r, n) in enumerate(zip(requests, counts)):
+    for i, (r, n, drafts) in enumerate(zip(requests, counts, drafts_of)):
         rows = logits[start : start + n + 1]
         start += n + 1
-        drafts[i, :n] = torch.tensor(r.token_ids[1:], dtype=torch.int64)
+        draft_tokens[i, :n] = torch.tensor(drafts, dtype=torch.int64)
         sampling = r.sampling
         if sampling.temperature == 0.0:
             modes.append(VerifyMode.GREEDY)
             target[i, : n + 1] = rows
             continue
         modes.append(VerifyMode.POINT_MASS)
-        scaled = rows / torch.tensor([sampling.temperature], dtype=rows.dtype).unsqueeze(1)
         span = n + 1
-        rows = truncate(scaled, [sampling.top_k] * span, [sampling.top_p] * span, [sampling.min_p] * span)
-        target[i, : n + 1] = torch.softmax(rows, dim=-1)
+        # A tensor divisor, as in the sampler: dividing by a Python float may round differently.
+        scaled = rows / torch.tensor([sampling.temperature], dtype=rows.dtype).unsqueeze(1)
+        scaled = truncate(scaled, [sampling.top_k] * span, [sampling.top_p] * span, [sampling.min_p] * span)
+        target[i, :span] = torch.softmax(scaled, dim=-1)
         first = r.start_pos + 1  # sequence index of the token row 0 predicts
         if sampling.seed is None:
-            uniforms[i, : n + 1] = torch.rand(n + 1, dtype=torch.float64)
+            uniforms[i, :span] = torch.rand(span, dtype=torch.float64)
         else:
-            for j in range(n + 1):
+            for j in range(span):
                 uniforms[i, j] = torch.rand(
                     1, generator=position_generator(sampling.seed, first + j), dtype=torch.float64
                 )
     sampled = any(m == VerifyMode.POINT_MASS for m in modes)
-    result = spec_verify(target, drafts, counts, modes, uniforms if sampled else None)
+    result = spec_verify(target, draft_tokens, counts, modes, uniforms if sampled else None)
     accepted = result.num_accepted.tolist()
     tokens = result.output_tokens.tolist()
-    return [(a, row[a]) for a, row in zip(accepted, tokens)]
+    verified = [Verified(a, row[a]) for a, row in zip(accepted, tokens)]
+    if logprobs is not None:
+        # Row j's chosen token is draft j while j < a, then the model's token; later rows' are
+        # never reported (any id will do).
+        chosen = [row[j] if j <= a else 0 for a, row, n in zip(accepted, tokens, counts) for j in range(n + 1)]
+        per_row = with_chosen(logprobs, logits, torch.tensor(chosen, dtype=torch.int64))
+        assert per_row is not None
+        start = 0
+        for v, r, n in zip(verified, requests, counts):
+            if r.sampling.logprobs is not None:
+                kept = per_row[start : start + v.num_accepted + 1]
+                v.logprobs = [lp for lp in kept if lp is not None]
+            start += n + 1
+    return verified

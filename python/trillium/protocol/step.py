@@ -51,13 +51,14 @@ class StepInput(msgspec.Struct, gc=False, kw_only=True):
 class StepOutput(msgspec.Struct, gc=False):
     """One sampled token per scheduled request, ``-1`` where ``sample`` was false.
 
-    ``logprobs[i]`` is set for rows that sampled and asked for logprobs: (chosen token's
-    logprob, [(token id, logprob)] top alternatives best first).
+    ``logprobs[i]`` is set for requests that sampled and asked for logprobs: one (chosen token's
+    logprob, [(token id, logprob)] top alternatives best first) per new token (the accepted
+    drafts, then the sampled token).
 
     ``num_accepted_drafts[i]`` (None when no request speculated): how many of request i's draft
     tokens the model accepted, a; its new tokens are those a drafts, then ``sampled_token_ids[i]``.
     """
 
     sampled_token_ids: list[int]
-    logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
+    logprobs: list[list[tuple[float, list[tuple[int, float]]]] | None] | None = None
     num_accepted_drafts: list[int] | None = None

@@ -279,7 +279,7 @@ class SchedulerActor(Actor):
         if self.bitmask_filler is None:
             return None
         constrained = [
-            (i, request.matcher)
+            (i, request.matcher, plan.drafts.get(request.request_id, []))
             for i, ((request, _), scheduled) in enumerate(zip(plan.scheduled, plan.step_input.requests))
             if scheduled.sample and request.matcher is not None
         ]

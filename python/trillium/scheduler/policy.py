@@ -18,13 +18,14 @@ At admission a request first reuses the longest cached prefix of its tokens. The
 queue's bound is held at the front door (``EngineClient``).
 
 Speculation (``SpeculativeConfig``): while fewer than ``disable_by_batch_size`` requests run, a
-decoding request (greedy or sampled; not one with penalties, a grammar or logprobs) asks the
-proposer for up to k drafts and is scheduled for 1 + n tokens (its budget and blocks count them
-all). After the step it keeps the a drafts the model accepted plus the model's next token; the
+decoding request asks the proposer for up to k drafts (with a grammar: cut to the longest run
+the grammar allows) and is scheduled for 1 + n tokens (its budget and blocks count them all).
+After the step it keeps the a drafts the model accepted plus the model's next token; the
 rejected drafts' positions are rolled back (``num_computed_tokens`` stops at the accepted run,
 blocks past the new length are freed), so only verified tokens ever reach the prefix cache. Stop
-tokens and ``max_tokens`` are checked token by token: a stop inside the accepted run ends the
-request there.
+tokens, ``max_tokens`` and the grammar are checked token by token: a stop inside the accepted
+run ends the request there (the executor processes each draft position as if the drafts before
+it were output: its grammar mask, penalties and logprobs; see ``engine.verify``).
 """
 
 from __future__ import annotations
@@ -205,18 +206,21 @@ class SchedulerPolicy:
                 self.kv.commit(request)
                 if token_id < 0:
                     continue
-                request.output_token_ids.append(token_id)
-                new_token_ids = [token_id]
-                reason = self._check_stop(request, token_id)
+                new_token_ids, reason, error = self._append(request, [token_id])
             else:
-                new_token_ids, reason = self._keep_verified(request, num_new, drafts, num_accepted, token_id)
-            error = None
-            if request.matcher is not None:
-                reason, error = self._advance_grammar(request, token_id, new_token_ids, reason)
+                self.spec_stats.record(len(drafts), num_accepted)
+                if self.proposer is not None:
+                    self.proposer.feedback(request.request_id, len(drafts), num_accepted)
+                new_token_ids, reason, error = self._append(request, [*drafts[:num_accepted], token_id])
+                self._roll_back(request, num_new - (len(drafts) - num_accepted))
+            if lp is not None:
+                lp = lp[: len(new_token_ids)]  # none for tokens after a stop (nor for forced ones)
+            if reason is None and request.matcher is not None:
+                reason, error = self._jump_forward(request, new_token_ids)
             if reason is not None:
                 self.running.remove(request)
                 self._finish(request, reason)
-            updates.append(RequestUpdate(request, new_token_ids, reason, None if lp is None else [lp], error))
+            updates.append(RequestUpdate(request, new_token_ids, reason, lp, error))
         return updates
 
     # ---- internals ---------------------------------------------------------------------------
@@ -273,24 +277,37 @@ class SchedulerPolicy:
         if self.proposer is not None:
             self.proposer.forget(request.request_id)
 
-    def _advance_grammar(
-        self, request: Request, token_id: int, new_token_ids: list[int], reason: FinishReason | None
-    ) -> tuple[FinishReason | None, str | None]:
-        """Feed the kept token to the request's grammar, then -- unless the request is done --
-        append the tokens the grammar forces (jump-forward) to its output and to ``new_token_ids``.
-        Returns the finish reason (possibly changed) and an error message.
+    def _append(self, request: Request, token_ids: list[int]) -> tuple[list[int], FinishReason | None, str | None]:
+        """Append the step's kept tokens (one sampled, or the accepted drafts and the model's
+        token) one at a time, each checked for a stop and fed to the request's grammar, up to
+        the first that ends the request. Returns (the tokens appended, finish reason, error).
 
         A complete grammar ends the request with STOP, even before ``min_tokens`` or under
-        ``ignore_eos``: nothing could follow. Requests that asked for logprobs skip jump-forward
-        (a forced token has no sampled distribution to report).
-        """
+        ``ignore_eos``: nothing could follow. A token the grammar rejects ends it in ERROR."""
+        appended: list[int] = []
+        reason: FinishReason | None = None
+        for t in token_ids:
+            request.output_token_ids.append(t)
+            appended.append(t)
+            reason = self._check_stop(request, t)
+            matcher = request.matcher
+            if matcher is not None:
+                if not matcher.accept(t):
+                    return appended, FinishReason.ERROR, f"the grammar rejected token {t}: {matcher.error}"
+                if matcher.is_terminated:
+                    return appended, FinishReason.STOP, None
+            if reason is not None:
+                break
+        return appended, reason, None
+
+    def _jump_forward(self, request: Request, new_token_ids: list[int]) -> tuple[FinishReason | None, str | None]:
+        """Append the tokens the request's grammar forces from here (jump-forward) to its output
+        and to ``new_token_ids``. Returns the finish reason and an error message. Requests that
+        asked for logprobs skip it (a forced token has no sampled distribution to report)."""
         matcher = request.matcher
-        if not matcher.accept(token_id):
-            return FinishReason.ERROR, f"the grammar rejected token {token_id}: {matcher.error}"
-        if matcher.is_terminated:
-            return FinishReason.STOP, None
-        if reason is not None or not self.config.jump_forward or request.sampling.logprobs is not None:
-            return reason, None
+        assert matcher is not None
+        if not self.config.jump_forward or request.sampling.logprobs is not None:
+            return None, None
         room = min(request.max_tokens - len(request.output_token_ids), self.config.max_model_len - request.num_tokens)
         forced = matcher.forced_tokens()[:room]
         if not forced:
@@ -320,49 +337,27 @@ class SchedulerPolicy:
         return len(request.output_token_ids) >= request.max_tokens or request.num_tokens >= self.config.max_model_len
 
     def _propose(self, request: Request, num_new: int, budget: int) -> list[int]:
-        """Draft tokens for a decoding request that may speculate (no grammar, penalties or
-        logprobs), as many as its budget, ``max_tokens`` and the context leave room for."""
-        sampling = request.sampling
-        if (
-            self.proposer is None
-            or num_new != 1
-            or request.num_computed_tokens != request.num_tokens - 1
-            or request.matcher is not None
-            or sampling.logprobs is not None
-            or sampling.needs_history
-        ):
+        """Draft tokens for a decoding request, as many as its budget, ``max_tokens`` and the
+        context leave room for; with a grammar, only the longest run the grammar allows."""
+        if self.proposer is None or num_new != 1 or request.num_computed_tokens != request.num_tokens - 1:
             return []
         room = min(
             budget - 1,
             request.max_tokens - len(request.output_token_ids) - 1,
             self.config.max_model_len - request.num_tokens - 1,
         )
-        return self.proposer.propose(request, room)
+        drafts = self.proposer.propose(request, room)
+        if drafts and request.matcher is not None:
+            drafts = drafts[: request.matcher.validate(drafts)]
+        return drafts
 
-    def _keep_verified(
-        self, request: Request, num_new: int, drafts: list[int], num_accepted: int, token_id: int
-    ) -> tuple[list[int], FinishReason | None]:
-        """After a verify step: keep the accepted drafts and the model's token (up to a stop),
-        roll the rejected drafts' positions back, and free the blocks past the new length."""
-        self.spec_stats.record(len(drafts), num_accepted)
-        if self.proposer is not None:
-            self.proposer.feedback(request.request_id, len(drafts), num_accepted)
-        kept = [*drafts[:num_accepted], token_id]
-        reason = None
-        new_token_ids: list[int] = []
-        for t in kept:
-            request.output_token_ids.append(t)
-            new_token_ids.append(t)
-            reason = self._check_stop(request, t)
-            if reason is not None:
-                break
-        # K/V is valid for the last token and the accepted drafts; never past the kept tokens.
-        request.num_computed_tokens = min(
-            request.num_computed_tokens + num_new - (len(drafts) - num_accepted), request.num_tokens - 1
-        )
+    def _roll_back(self, request: Request, num_verified: int) -> None:
+        """After a verify step that computed ``num_verified`` tokens worth keeping (the last
+        token and the accepted drafts): K/V counts as computed only for those, never past the
+        kept tokens; the blocks past the new length are freed."""
+        request.num_computed_tokens = min(request.num_computed_tokens + num_verified, request.num_tokens - 1)
         self.kv.trim(request)
         self.kv.commit(request)
-        return new_token_ids, reason
 
     def _scheduled_request(self, request: Request, num_new: int, drafts: list[int]) -> ScheduledRequest:
         start = request.num_computed_tokens

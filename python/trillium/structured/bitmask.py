@@ -42,11 +42,16 @@ class StepBitmask:
         self._future.result()
         self.wait_seconds = time.perf_counter() - start
 
-    def apply(self, logits: torch.Tensor, request_rows: list[int]) -> None:
-        """Mask ``logits`` [S, V] in place; row j belongs to scheduled request ``request_rows[j]``."""
+    def apply(self, logits: torch.Tensor, spans: list[tuple[int, int]]) -> None:
+        """Mask ``logits`` in place. ``spans`` lists, in the order of ``logits``' rows, (index of
+        a scheduled request, its number of rows): one for a request sampling one token, n + 1
+        for one verifying n drafts (position j takes the mask after drafts 0..j-1)."""
         self.wait()
-        mask_rows = torch.tensor([self.rows[i] for i in request_rows], dtype=torch.int32)
-        apply_token_bitmask(logits, self.tensor, mask_rows)
+        mask_rows: list[int] = []
+        for index, count in spans:
+            first = self.rows[index]
+            mask_rows.extend([-1] * count if first < 0 else range(first, first + count))
+        apply_token_bitmask(logits, self.tensor, torch.tensor(mask_rows, dtype=torch.int32))
 
 
 class BitmaskFiller:
@@ -65,10 +70,15 @@ class BitmaskFiller:
         self.fill_seconds = 0.0  # time spent filling masks (overlapped with the forward pass)
         self.wait_seconds = 0.0  # time the runner waited for them (not overlapped)
 
-    def begin_step(self, constrained: list[tuple[int, GrammarMatcher]], num_requests: int) -> StepBitmask | None:
-        """Start filling masks for ``constrained`` = [(index among the step's requests, matcher)].
-        Returns None when there is nothing to fill. Never blocks except after a failed step whose
-        fill is still running (the buffer is reused)."""
+    def begin_step(
+        self, constrained: list[tuple[int, GrammarMatcher, list[int]]], num_requests: int
+    ) -> StepBitmask | None:
+        """Start filling masks for ``constrained`` = [(index among the step's requests, matcher,
+        its draft tokens)]: one row for a request without drafts, n + 1 consecutive rows for n
+        drafts (llguidance consumes the drafts for the later rows and rolls them back, so the
+        matcher is as it was when the fill ends). Returns None when there is nothing to fill.
+        Never blocks except after a failed step whose fill is still running (the buffer is
+        reused)."""
         if self._last is not None:
             self._last.exception()  # wait without raising: that step already failed or succeeded
             self._last = None
@@ -76,14 +86,19 @@ class BitmaskFiller:
             return None
         rows = [-1] * num_requests
         jobs = []
-        for row, (index, matcher) in enumerate(constrained):
-            rows[index] = row
-            jobs.append((matcher.ll_matcher, row))
-        tensor = self.buffer[: len(constrained)]
+        num_rows = 0
+        for index, matcher, drafts in constrained:
+            rows[index] = num_rows
+            jobs.append((matcher.ll_matcher, num_rows, drafts))
+            num_rows += 1 + len(drafts)
+        if num_rows > self.buffer.shape[0]:
+            # Speculation's extra rows: bounded by max_running * (k + 1), grown on first need.
+            self.buffer = torch.full((num_rows, self.buffer.shape[1]), -1, dtype=torch.int32)
+        tensor = self.buffer[:num_rows]
         future = self._thread.submit(self._fill, jobs, tensor)
         self._last = future
         self.num_steps += 1
-        self.num_rows += len(jobs)
+        self.num_rows += num_rows
         return StepBitmask(tensor, rows, future)
 
     def end_step(self, step: StepBitmask | None) -> None:
@@ -96,9 +111,14 @@ class BitmaskFiller:
             self._last = None
         self.wait_seconds += step.wait_seconds
 
-    def _fill(self, jobs: list[tuple[llguidance.LLMatcher, int]], tensor: torch.Tensor) -> None:
+    def _fill(self, jobs: list[tuple[llguidance.LLMatcher, int, list[int]]], tensor: torch.Tensor) -> None:
         start = time.perf_counter()
-        self._executor.unsafe_compute_mask_ptr(jobs, tensor.data_ptr(), tensor.shape[1] * 4, tensor.shape[0])
+        row_bytes, num_rows = tensor.shape[1] * 4, tensor.shape[0]
+        if any(drafts for _, _, drafts in jobs):
+            self._executor.unsafe_compute_mask_ptr_with_draft_token(jobs, tensor.data_ptr(), row_bytes, num_rows)
+        else:
+            plain = [(matcher, row) for matcher, row, _ in jobs]
+            self._executor.unsafe_compute_mask_ptr(plain, tensor.data_ptr(), row_bytes, num_rows)
         self.fill_seconds += time.perf_counter() - start
 
     def close(self) -> None:

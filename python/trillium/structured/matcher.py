@@ -19,6 +19,11 @@ class GrammarMatcher:
         does not allow it; EOS is allowed only where the grammar may end."""
         return self._m.consume_token(token_id)
 
+    def validate(self, token_ids: list[int]) -> int:
+        """How many of ``token_ids`` the grammar allows in a row from here (speculation's drafts
+        are cut there); consumes nothing."""
+        return self._m.validate_tokens(token_ids)
+
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar admits as the only continuation from here (jump-forward), possibly
         empty. They are not consumed: :meth:`accept_forced` does that once the caller keeps them."""
