@@ -37,7 +37,7 @@ using kernels::KVView;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int32_t kMinSplitKeys = 256;  // shorter key ranges cost more in merging than they balance
 constexpr int32_t kSplitsMax = 16;      // a decode row's key ranges, at most (enough for 16 threads)
-constexpr int32_t kMaxDecodeRowsQuery = 16;  // extend: a request with this few new tokens runs them as
+constexpr int32_t kMaxDecodeRowsQuery = 32;  // extend: a request with this few new tokens runs them as
                                              // decode rows (a verify step's rows equal decode's)
 constexpr int32_t kTileRows = 192;      // extend: query rows (tokens x G) per work item, at most
 constexpr int32_t kMinTileRows = 24;    // ... and at least, when shrinking tiles to feed the threads

@@ -62,7 +62,7 @@ Status paged_attention_decode(const PagedAttentionArgs& args);
 
 // Extend (prefill, chunked prefill, prefix reuse, mixed batches): any number of new tokens per
 // request, causal over cached prefix + new tokens, ragged lengths in one call. Requests with
-// query_len 0 are skipped. A request with at most 16 new tokens (a decode, a speculative verify
+// query_len 0 are skipped. A request with at most 32 new tokens (a decode, a speculative verify
 // step) runs each token exactly as a decode row over the keys it sees, so its results are
 // bit-identical to decoding those tokens one at a time. kInvalidArgument (nothing written) on
 // bad input.
