@@ -331,9 +331,11 @@ template <int MR, int BITS>
 void direct_rows(const float* x, int64_t x_stride, const QuantWeightView& w, int64_t r0, int64_t group_begin,
                  int64_t group_end, const float* bias, float* out, int64_t out_stride) {
   int64_t g = group_begin;
-  if constexpr (MR == 1) {
-    // One row: 4 groups give 4 independent fma chains (2 leave the FMA units waiting on latency).
-    for (; g + 4 <= group_end; g += 4) direct_tile<1, 4, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
+  // 4 groups wherever the registers allow: 1 or 2 rows of 2 groups are 2 or 4 independent fma
+  // chains, which leave the FMA units waiting on latency (2 rows took 1.8x the time of 4); 3 rows
+  // of 4 groups need 30 registers (AVX-512's 32; AVX2's 16 would spill).
+  if constexpr (MR <= 2 || (MR == 3 && kMaxDirectRows >= 4)) {
+    for (; g + 4 <= group_end; g += 4) direct_tile<MR, 4, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
   }
   for (; g + 2 <= group_end; g += 2) direct_tile<MR, 2, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
   if (g < group_end) direct_tile<MR, 1, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
