@@ -52,7 +52,8 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="JSON",
         help='speculative decoding, off by default; e.g. \'{"method": "ngram", "num_speculative_tokens": 5, '
-        '"prompt_lookup_max": 4}\' (greedy requests; off for a step once disable_by_batch_size requests run)',
+        '"prompt_lookup_max": 4}\' or \'{"method": "draft", "model": PATH, "num_speculative_tokens": 4}\' '
+        "(off for a step once disable_by_batch_size requests run: measured at start-up unless given)",
     )
 
 

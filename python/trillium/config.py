@@ -35,7 +35,7 @@ def resolve_dtype(name: str) -> str:
     return "bf16" if cpu_has_native_bf16() else "fp32"
 
 
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,28 +43,39 @@ class SpeculativeConfig:
     """How drafts are proposed, and when speculation stands aside.
 
     ``method``: ``ngram`` (prompt lookup: continue the latest earlier occurrence of the context's
-    last 1..``prompt_lookup_max`` tokens). ``num_speculative_tokens``: drafts per request and step
+    last 1..``prompt_lookup_max`` tokens) or ``draft`` (a smaller ``model``, a GGUF file or Hugging
+    Face directory with the target's tokenizer, proposes them: k autoregressive steps in a KV
+    pool of its own, ``draft_kv_cache_gib``; None: as many blocks as the target's pool, so drafting
+    runs out of room no sooner than the target). ``num_speculative_tokens``: drafts per request and step
     (k; a verify step computes k + 1 tokens). ``disable_by_batch_size``: no request speculates in
-    a step once this many requests are running (a verify step of k + 1 rows costs about twice a
-    decode row on CPU, so large batches gain nothing).
+    a step once this many requests are running; None (the default): derived at start-up from
+    the measured cost of verify steps against decode steps (``engine.step_costs``), since a
+    verify step's extra rows are nearly free at batch 1 and cost their full price at large
+    batches.
     """
 
     method: str = "ngram"
     num_speculative_tokens: int = 5
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
-    disable_by_batch_size: int = 4
+    disable_by_batch_size: int | None = None
+    model: str | None = None  # method draft: the draft model's path
+    draft_kv_cache_gib: float | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative method must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.method!r}")
+        if (self.method == "draft") != (self.model is not None):
+            raise ValueError(f"speculative method draft needs a model and only it takes one, got {self.model!r}")
+        if self.draft_kv_cache_gib is not None and not self.draft_kv_cache_gib > 0:
+            raise ValueError(f"draft_kv_cache_gib must be positive, got {self.draft_kv_cache_gib}")
         if not 1 <= self.num_speculative_tokens <= 16:
             raise ValueError(f"num_speculative_tokens must be in [1, 16], got {self.num_speculative_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(
                 f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min}, {self.prompt_lookup_max}"
             )
-        if self.disable_by_batch_size < 1:
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
             raise ValueError(f"disable_by_batch_size must be at least 1, got {self.disable_by_batch_size}")
 
     @classmethod
@@ -82,9 +93,17 @@ class SpeculativeConfig:
             raise ValueError(
                 f"unknown speculative config keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
             )
+        if "model" in data and "method" not in data:
+            data["method"] = "draft"  # as vLLM infers it from a draft model
+        kinds: dict[str, tuple[type | tuple[type, ...], str]] = {
+            "method": (str, "a string"),
+            "model": (str, "a string"),
+            "draft_kv_cache_gib": ((int, float), "a number"),
+        }
         for key, value in data.items():
-            if key != "method" and not isinstance(value, int):
-                raise ValueError(f"speculative config {key} must be an integer, got {value!r}")
+            kind, what = kinds.get(key, (int, "an integer"))
+            if not isinstance(value, kind):
+                raise ValueError(f"speculative config {key} must be {what}, got {value!r}")
         return cls(**data)
 
 

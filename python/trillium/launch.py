@@ -16,6 +16,7 @@ import torch
 from trillium import _core
 from trillium.config import EngineConfig, SpeculativeConfig
 from trillium.engine.runner import ModelRunner, kv_bytes_per_block
+from trillium.engine.step_costs import StepCosts, measure_step_costs
 from trillium.engine.step_thread import StepThread
 from trillium.engine_client import EngineClient
 from trillium.models import default_model_path, load_model
@@ -30,6 +31,7 @@ from trillium.runtime import (
 from trillium.scheduler import SchedulerConfig
 from trillium.scheduler.actor import SchedulerActor
 from trillium.scheduler.kv_manager import KVBlockManager
+from trillium.speculative.draft import check_same_tokenizer, load_draft
 from trillium.structured import BitmaskFiller, GrammarCompiler, build_ll_tokenizer
 from trillium.structured.actor import GrammarActor
 from trillium.tokenizer import load_tokenizer
@@ -77,8 +79,14 @@ class Engine:
     def __init__(self, config: EngineConfig, *, progress: bool = True) -> None:
         self.step_thread = StepThread()
         weakref.finalize(self, self.step_thread.close)  # an LLM dropped without close() ends it too
+        spec = config.speculative_config
+        if isinstance(spec, SpeculativeConfig) and spec.model is not None:
+            # Fail fast: a draft model of another tokenizer stops start-up before any model loads.
+            target = config.model or default_model_path()
+            check_same_tokenizer(target, load_tokenizer(target), spec.model, load_tokenizer(spec.model))
         self.step_thread.call(self._load, config, progress)
         self.tokenizer = load_tokenizer(self.path)
+        self.step_thread.call(self._load_draft, config, progress)
         self._build_actors()
         # Building the actors ran torch ops here (the structured-output bitmask buffer); drop the
         # OpenMP team they may have started on this thread, so the step thread's is the only one.
@@ -116,6 +124,39 @@ class Engine:
             block_size=config.block_size,
             dtype=config.torch_dtype,
         )
+        self.spec_costs: StepCosts | None = None
+        spec = config.speculative_config
+        if isinstance(spec, SpeculativeConfig):
+            # What a draft row costs against a decoded token, per batch size (speculative.depth).
+            threshold, self.spec_costs = measure_step_costs(
+                self.runner, spec.num_speculative_tokens, config.max_running
+            )
+            if spec.disable_by_batch_size is None:
+                spec = dataclasses.replace(spec, disable_by_batch_size=threshold)
+                self.config = dataclasses.replace(config, speculative_config=spec)
+
+    def _load_draft(self, config: EngineConfig, progress: bool) -> None:
+        """On the step thread, with ``method: draft``: the draft model (its tokenizer checked
+        against the target's first) and its KV pool, given to the runner. ``config`` as given:
+        weights and dtype are resolved for the draft's own file."""
+        spec = self.config.speculative_config
+        if not isinstance(spec, SpeculativeConfig) or spec.model is None:
+            return
+        draft = resolve_weights(config, spec.model)
+        self.runner.drafter = load_draft(
+            spec.model,
+            target_path=self.path,
+            target_tokenizer=self.tokenizer,
+            target_config=self.model_config,
+            target_num_blocks=self.num_blocks,
+            block_size=config.block_size,
+            kv_cache_gib=spec.draft_kv_cache_gib,
+            max_catch_up_tokens=config.max_tokens_per_step,
+            dtype=draft.torch_dtype,
+            quantized=draft.weights != "dense",
+            int8_activations=draft.weights == "quantized-int8",
+            progress=progress,
+        )
 
     def _build_actors(self) -> None:
         config, path, num_blocks = self.config, self.path, self.num_blocks
@@ -131,6 +172,7 @@ class Engine:
             eos_token_ids=frozenset(self.tokenizer.eos_token_ids),
             model_key=f"{model_name}:{path}",
             speculative=config.speculative_config if isinstance(config.speculative_config, SpeculativeConfig) else None,
+            spec_break_even=self.spec_costs.break_even_table() if self.spec_costs else (),
         )
         allocator = _core.BlockAllocator(num_blocks)
         tree = _core.RadixTree(allocator, config.block_size) if config.enable_prefix_cache else None

@@ -1,7 +1,7 @@
 """spec_verify (``_core`` and ``_cuda``), the speculative-decoding verify kernel, on fresh random
 inputs: every mode against a plain Python reference written here (exact: the reference adds the
 same float64 numbers in the same order), point-mass draws against the sampler's own
-``_inverse_cdf`` bit for bit, a chi-square test that draft-model verification is lossless (and that
+``inverse_cdf`` bit for bit, a chi-square test that draft-model verification is lossless (and that
 the same test catches biased verifiers), the argument checks, and the CUDA twin against the CPU
 (marked ``gpu``). Failure messages carry the seed; ``TRILLIUM_TEST_SEED=<seed>`` replays a test.
 """
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from trillium import _core
-from trillium.engine.sampler import _inverse_cdf
+from trillium.engine.sampler import inverse_cdf
 from trillium.ops.kernel_specs import VerifySpec
 from trillium.ops.spec_verify import VerifyMode, spec_verify
 
@@ -43,7 +43,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=GPU)]
 
 
 def ref_inverse_cdf(weights: torch.Tensor, u: float) -> int:
-    """``_inverse_cdf`` for one row of float64 weights and a given uniform."""
+    """``inverse_cdf`` for one row of float64 weights and a given uniform."""
     cdf = weights.cumsum(0)
     chosen = int(torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True))
     if chosen < weights.shape[0]:
@@ -176,12 +176,12 @@ def test_greedy_ties_nan_and_masked_rows() -> None:
 @pytest.mark.parametrize("vocab", [2, 613, 49_152])
 def test_point_mass_draws_are_the_samplers_draws(vocab: int, random_seed: int) -> None:
     """With the uniforms a seeded request draws per position, point-mass verification outputs exactly
-    the tokens ``sampler._inverse_cdf`` samples: accepted up to the first wrong draft, then its draw."""
+    the tokens ``sampler.inverse_cdf`` samples: accepted up to the first wrong draft, then its draw."""
     gen = torch.Generator().manual_seed(random_seed)
     num_requests, k = 12, 4
     target = random_probs(gen, num_requests * (k + 1), vocab).view(num_requests, k + 1, vocab)
     seeds = torch.randint(0, 2**62, (num_requests * (k + 1),), generator=gen).tolist()
-    expected = _inverse_cdf(target.view(-1, vocab), [torch.Generator().manual_seed(s) for s in seeds])
+    expected = inverse_cdf(target.view(-1, vocab), [torch.Generator().manual_seed(s) for s in seeds])
     expected = expected.view(num_requests, k + 1)
     uniforms = torch.tensor(
         [float(torch.rand(1, generator=torch.Generator().manual_seed(s), dtype=torch.float64)) for s in seeds],
@@ -199,13 +199,13 @@ def test_point_mass_draws_are_the_samplers_draws(vocab: int, random_seed: int) -
 
 
 def test_point_mass_edge_rows() -> None:
-    """u = 0 takes the first positive token; a row of zeros gives V - 1, as ``_inverse_cdf`` does."""
+    """u = 0 takes the first positive token; a row of zeros gives V - 1, as ``inverse_cdf`` does."""
     target = torch.tensor([[[0.0, 0.0, 2.0, 1.0]], [[0.0, 0.0, 0.0, 0.0]]])
     got = spec_verify(
         target, torch.empty(2, 0, dtype=torch.int32), [0, 0], [POINT_MASS] * 2, torch.zeros(2, 1).double()
     )
     assert got.output_tokens[:, 0].tolist() == [2, 3]
-    assert int(_inverse_cdf(target[1], [torch.Generator().manual_seed(0)])) == 3
+    assert int(inverse_cdf(target[1], [torch.Generator().manual_seed(0)])) == 3
 
 
 def chi_square(tokens: torch.Tensor, p: torch.Tensor) -> tuple[float, float]:

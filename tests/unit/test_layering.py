@@ -16,7 +16,8 @@ LAYERS: list[set[str]] = [
     {"_core", "_cuda", "config", "runtime", "protocol"},
     {"ops"},
     {"models"},
-    {"tokenizer", "structured", "engine", "speculative"},
+    {"tokenizer", "structured", "engine"},
+    {"speculative"},  # the draft-model proposer runs a model through the engine's sampler
     {"scheduler", "metering"},
     {"engine_client"},
     {"launch"},

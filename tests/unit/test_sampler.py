@@ -206,12 +206,12 @@ def test_inverse_cdf_never_draws_a_zero_probability_token(monkeypatch):
     import trillium.engine.sampler as sampler
 
     probs = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0]]).repeat(4, 1)
-    assert set(sampler._inverse_cdf(probs, [None] * 4).tolist()) <= {1, 3}
+    assert set(sampler.inverse_cdf(probs, [None] * 4).tolist()) <= {1, 3}
     # u * total rounding up to total (u at the top of [0, 1)) must not fall off the end.
     monkeypatch.setattr(sampler.torch, "rand", lambda n, **kw: torch.ones(n, dtype=kw.get("dtype")))
-    assert sampler._inverse_cdf(probs, [None] * 4).tolist() == [3, 3, 3, 3]
+    assert sampler.inverse_cdf(probs, [None] * 4).tolist() == [3, 3, 3, 3]
     monkeypatch.setattr(sampler.torch, "rand", lambda n, **kw: torch.zeros(n, dtype=kw.get("dtype")))
-    assert sampler._inverse_cdf(probs, [None] * 4).tolist() == [1, 1, 1, 1]
+    assert sampler.inverse_cdf(probs, [None] * 4).tolist() == [1, 1, 1, 1]
 
 
 def test_candidate_truncation_equals_the_full_sort():

@@ -10,7 +10,8 @@ from tests.unit.test_scheduler_policy import BLOCK, expected_output, idle, make,
 from trillium.config import EngineConfig, SpeculativeConfig
 from trillium.protocol import FinishReason, SamplingParams
 from trillium.scheduler import Request
-from trillium.speculative import NgramProposer
+from trillium.speculative import DraftDepth, NgramProposer
+from trillium.speculative.depth import PROBE_EVERY
 
 
 class ScriptedProposer:
@@ -179,3 +180,43 @@ def test_speculative_config_from_json_names_the_bad_field():
     assert EngineConfig(speculative_config='{"num_speculative_tokens": 2}').speculative_config == SpeculativeConfig(
         num_speculative_tokens=2
     )
+
+
+def test_draft_depth_follows_acceptance_against_the_break_even():
+    depth = DraftDepth(4)
+    assert depth.limit(0.95) == 4  # a depth never tried counts as paying
+    for _ in range(30):
+        depth.record(4, 1)  # the first draft is always accepted, the second never
+    assert depth.limit(0.4) == 1 and depth.limit(0.0) == 4
+    assert depth.chance(0) > 0.9 and depth.chance(1) < 0.1
+    for _ in range(200):
+        depth.record(1, 0)  # the text stops being copyable
+    limits = [depth.limit(0.4) for _ in range(2 * PROBE_EVERY)]
+    assert limits.count(1) == 2 and limits.count(0) == 2 * PROBE_EVERY - 2  # a probe now and then
+
+
+def test_policy_drafts_only_as_deep_as_pays_at_its_batch_size():
+    """Drafts past the depth whose acceptance pays for a row at this batch size stop being
+    proposed; a batch size where no draft can pay (its break-even above 1) gets probes only."""
+    policy, _allocator, executor = make(
+        speculative=SpeculativeConfig(num_speculative_tokens=4, disable_by_batch_size=8),
+        spec_break_even=((1, 0.5), (2, 1.5)),
+    )
+    policy.proposer = ScriptedProposer(4, wrong_at=2)  # drafts 0 and 1 right, 2 wrong
+    policy.add(greq("a", 6, max_tokens=40))
+    outputs, _ = run_until_done(policy, executor)
+    assert outputs["a"] == expected_output(6, 40)
+    drafted = [r.num_draft_tokens for s in executor.steps for r in s.requests if r.num_draft_tokens]
+    assert drafted[0] == 4 and set(drafted[2:]) == {2}  # depth 2 and 3 were tried once, then dropped
+
+    policy, _allocator, executor = make(
+        speculative=SpeculativeConfig(num_speculative_tokens=4, disable_by_batch_size=8),
+        spec_break_even=((2, 1.5),),
+    )
+    policy.proposer = ScriptedProposer(4, wrong_at=0)
+    policy.add(greq("a", 6, max_tokens=60))
+    policy.add(greq("b", 6, max_tokens=60))
+    run_until_done(policy, executor)
+    steps = [s for s in executor.steps if len(s.requests) == 2]
+    speculating = [s for s in steps if any(r.num_draft_tokens for r in s.requests)]
+    assert 1 <= len(speculating) <= 2 + len(steps) // PROBE_EVERY  # the first try, then probes

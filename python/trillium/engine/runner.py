@@ -4,10 +4,18 @@ Runs in the scheduler's worker thread. It owns the model and the paged KV cache 
 never decides what to run. A seeded request's random number for the token at sequence index p
 comes from a generator seeded with (seed, p) (``engine.verify.position_generator``): its text
 then depends on neither the batch nor speculation, which verifies several positions at once.
+
+With a draft model (``speculative.draft``, set as :attr:`ModelRunner.drafter`), a speculating
+request arrives with placeholder drafts; the drafter fills them in (maybe fewer) before the
+forward, and the step's output lists the drafts that were verified.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
+import msgspec
 import torch
 
 from trillium.engine.sampler import TopLogprobs, sample
@@ -21,6 +29,19 @@ def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype)
     """Bytes one block takes across all layers, K and V."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+
+
+class Drafter(Protocol):
+    """Fills a step's draft slots before the verify forward (``speculative.draft.DraftProposer``)."""
+
+    def propose(self, requests: Sequence[ScheduledRequest]) -> list[tuple[list[int], torch.Tensor | None]]:
+        """Per request: at most ``num_draft_tokens`` drafts, and the [n, V] distributions they
+        were drawn from (None when drawn greedily)."""
+        ...
+
+    def release(self, request_ids: Sequence[str]) -> None: ...
+
+    def reset(self) -> None: ...
 
 
 class ModelRunner:
@@ -41,15 +62,23 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.kv_caches = model.allocate_kv_caches(num_blocks, block_size, dtype, device)
+        self.drafter: Drafter | None = None  # method draft: fills the placeholder drafts
 
     def reset(self) -> None:
         """Forget every request (after a failure, when the scheduler rebuilds the KV pool empty).
-        Nothing to do: a block is always written before it is read, and the rebuilt prefix cache
-        holds nothing, so no stale K/V can reach an attention; and no state is kept per request."""
+        A block is always written before it is read, and the rebuilt prefix cache holds nothing,
+        so no stale K/V can reach an attention; the drafter drops its requests' state."""
+        if self.drafter is not None:
+            self.drafter.reset()
 
     @torch.inference_mode()
     def execute(self, step_input: StepInput) -> StepOutput:
         requests = step_input.requests
+        draft_token_ids: list[list[int] | None] | None = None
+        draft_probs: dict[int, torch.Tensor] = {}
+        if self.drafter is not None:
+            self.drafter.release(step_input.finished_request_ids)
+            requests, draft_token_ids, draft_probs = self._fill_drafts(requests)
         if not requests:
             return StepOutput([])
 
@@ -99,7 +128,11 @@ class ModelRunner:
             step_input.bitmask.apply(all_logits, spans)
         if draft_rows:
             assert all_logits is not None
-            verified = verify_drafts(all_logits[len(sample_rows) :], [requests[i] for i in draft_rows])
+            verified = verify_drafts(
+                all_logits[len(sample_rows) :],
+                [requests[i] for i in draft_rows],
+                [draft_probs.get(i) for i in draft_rows] if draft_probs else None,
+            )
             num_accepted = [0] * len(requests)
             for i, v in zip(draft_rows, verified):
                 num_accepted[i], sampled[i] = v.num_accepted, v.token_id
@@ -119,7 +152,27 @@ class ModelRunner:
                 logprobs = logprobs or [None] * len(requests)
                 for i, lp in zip(sample_rows, result.logprobs):
                     logprobs[i] = None if lp is None else [lp]
-        return StepOutput(sampled, logprobs, num_accepted)
+        return StepOutput(sampled, logprobs, num_accepted, draft_token_ids)
+
+    def _fill_drafts(
+        self, requests: list[ScheduledRequest]
+    ) -> tuple[list[ScheduledRequest], list[list[int] | None] | None, dict[int, torch.Tensor]]:
+        """The requests with their placeholder drafts replaced by the drafter's (a request the
+        drafter gave none decodes one token), the drafts per request (None: not speculating),
+        and the draft distributions of sampled requests by request index."""
+        speculating = [i for i, r in enumerate(requests) if r.num_draft_tokens]
+        if not speculating or self.drafter is None:
+            return requests, None, {}
+        requests = list(requests)
+        drafts: list[list[int] | None] = [None] * len(requests)
+        probs: dict[int, torch.Tensor] = {}
+        for i, (tokens, q) in zip(speculating, self.drafter.propose([requests[i] for i in speculating])):
+            r = requests[i]
+            requests[i] = msgspec.structs.replace(r, token_ids=r.token_ids[:1] + tokens, num_draft_tokens=len(tokens))
+            drafts[i] = tokens
+            if q is not None and tokens:
+                probs[i] = q
+        return requests, drafts, probs
 
 
 def _generator(request: ScheduledRequest) -> torch.Generator | None:

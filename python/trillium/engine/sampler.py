@@ -68,7 +68,7 @@ def sample(
         [params[i].min_p for i in random_rows],
     )
     probs = torch.softmax(sub, dim=-1)  # [R, V]
-    chosen = _inverse_cdf(probs, [generators[i] for i in random_rows])  # [R]
+    chosen = inverse_cdf(probs, [generators[i] for i in random_rows])  # [R]
 
     out = greedy.clone()
     out[rows] = chosen
@@ -76,7 +76,7 @@ def sample(
     return SampleResult(out.tolist(), with_chosen(logprobs, logits, out))
 
 
-def _inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+def inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
     """One draw per row of ``probs`` [R, V]: the first token whose cumulative probability
     exceeds ``u * total`` for a uniform ``u`` (float64, so the cumulative sums lose nothing a
     draw could notice). One random number per row, from the row's own generator when it has

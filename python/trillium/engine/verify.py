@@ -12,8 +12,12 @@ core's kernel (``ops.spec_verify``) then accepts a draft while it equals that ch
 (GREEDY), or the inverse-CDF draw at the request's number for that position (POINT_MASS: an
 n-gram draft is a point mass). A seeded request's number for sequence index p comes from
 :func:`position_generator`, exactly as when it decodes without speculation, so its tokens are
-the same either way; an unseeded one draws fresh numbers (same distribution). Logprobs of the
-kept tokens are read from the same rows, so they equal those of one-token-at-a-time decoding.
+the same either way; an unseeded one draws fresh numbers (same distribution). A draft model's
+sampled drafts come with the distributions they were drawn from and are verified by rejection
+sampling (DRAFT_PROBS: lossless; the same numbers, plus one keyed by ``_RESIDUAL_SALT`` for the
+residual draw, so a seeded request is reproducible, though not equal to plain decoding).
+Logprobs of the kept tokens are read from the same rows, so they equal those of
+one-token-at-a-time decoding.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from trillium.protocol import ScheduledRequest
 
 _MIX = 0x9E3779B97F4A7C15  # 2^64 / golden ratio (splitmix64's increment)
 _MASK = (1 << 64) - 1
+_RESIDUAL_SALT = 0xBB67AE8584CAA73B  # SHA-512's second IV word: DRAFT_PROBS residual draws
 
 
 def position_generator(seed: int, position: int) -> torch.Generator:
@@ -49,12 +54,15 @@ class Verified:
     logprobs: list[TopLogprobs] | None = None
 
 
-def verify_drafts(logits: torch.Tensor, requests: list[ScheduledRequest]) -> list[Verified]:
+def verify_drafts(
+    logits: torch.Tensor, requests: list[ScheduledRequest], draft_probs: list[torch.Tensor | None] | None = None
+) -> list[Verified]:
     """Verify each speculating request's drafts.
 
     ``logits`` [sum(n_i + 1), V] holds request i's n_i + 1 rows in order (its last token, then
     each draft), already masked by any grammar; it is modified in place. Requests with penalties
-    must carry their history (``prompt_token_ids``, ``output_token_ids``).
+    must carry their history (``prompt_token_ids``, ``output_token_ids``). ``draft_probs[i]``
+    ([n_i, V], for a sampled request): the distributions its drafts were drawn from.
     """
     counts = [r.num_draft_tokens for r in requests]
     drafts_of = [r.token_ids[1:] for r in requests]
@@ -77,6 +85,8 @@ def verify_drafts(logits: torch.Tensor, requests: list[ScheduledRequest]) -> lis
     target = logits.new_zeros((len(requests), k + 1, vocab))
     draft_tokens = torch.zeros(len(requests), k, dtype=torch.int64)
     uniforms = torch.zeros(len(requests), k + 1, dtype=torch.float64)
+    residual = torch.zeros(len(requests), dtype=torch.float64)
+    q = logits.new_zeros((len(requests), k, vocab)) if draft_probs and any(p is not None for p in draft_probs) else None
     modes = []
     start = 0
     for i, (r, n, drafts) in enumerate(zip(requests, counts, drafts_of)):
@@ -88,7 +98,8 @@ def verify_drafts(logits: torch.Tensor, requests: list[ScheduledRequest]) -> lis
             modes.append(VerifyMode.GREEDY)
             target[i, : n + 1] = rows
             continue
-        modes.append(VerifyMode.POINT_MASS)
+        probs = draft_probs[i] if draft_probs else None
+        modes.append(VerifyMode.POINT_MASS if probs is None else VerifyMode.DRAFT_PROBS)
         span = n + 1
         # A tensor divisor, as in the sampler: dividing by a Python float may round differently.
         scaled = rows / torch.tensor([sampling.temperature], dtype=rows.dtype).unsqueeze(1)
@@ -102,8 +113,15 @@ def verify_drafts(logits: torch.Tensor, requests: list[ScheduledRequest]) -> lis
                 uniforms[i, j] = torch.rand(
                     1, generator=position_generator(sampling.seed, first + j), dtype=torch.float64
                 )
-    sampled = any(m == VerifyMode.POINT_MASS for m in modes)
-    result = spec_verify(target, draft_tokens, counts, modes, uniforms if sampled else None)
+        if probs is not None:
+            assert q is not None
+            q[i, :n] = probs
+            generator = None if sampling.seed is None else position_generator(sampling.seed ^ _RESIDUAL_SALT, first)
+            residual[i] = torch.rand(1, generator=generator, dtype=torch.float64)
+    sampled = any(m != VerifyMode.GREEDY for m in modes)
+    result = spec_verify(
+        target, draft_tokens, counts, modes, uniforms if sampled else None, residual if q is not None else None, q
+    )
     accepted = result.num_accepted.tolist()
     tokens = result.output_tokens.tolist()
     verified = [Verified(a, row[a]) for a, row in zip(accepted, tokens)]

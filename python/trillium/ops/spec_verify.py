@@ -16,7 +16,7 @@ position ``n`` (``a == n``), so every request gains ``a + 1`` tokens. By ``modes
 * ``POINT_MASS`` (sampled, proposals without probabilities: n-gram): target rows are the
   request's processed probabilities (need not sum to 1). The draw of position j is the
   inverse-CDF draw of row j at ``uniforms[i, j]``, computed exactly as
-  ``trillium.engine.sampler._inverse_cdf`` does (float64 running sums in index order, first
+  ``trillium.engine.sampler.inverse_cdf`` does (float64 running sums in index order, first
   index whose sum exceeds ``u * total``; a zero-probability token is never drawn). Accept ``d_j``
   while it equals that draw; ``next`` is the draw at position ``a``. Given the uniforms the request
   would have used for those positions, the tokens are the ones decoding without speculation gives.

@@ -34,6 +34,8 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     spec_accepted_per_pos: list[int] = msgspec.field(default_factory=list)  # acceptances of draft j
     spec_acceptance_rate: float = 0.0  # accepted / proposed draft tokens (0 before any)
     spec_disable_by_batch_size: int = 0  # no request speculates once this many run (0: speculation off)
+    spec_draft_num_free_blocks: int = 0  # method draft: the draft model's own KV pool (0: none)
+    spec_draft_num_total_blocks: int = 0
 
 
 class GrammarStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -32,7 +32,8 @@ class ScheduledRequest(msgspec.Struct, gc=False, kw_only=True):
     block_ids: list[int]
     sample: bool
     sampling: SamplingParams
-    # Only when ``sample`` and the params need history (penalties): prompt and output ids so far.
+    # Only when ``sample`` and the params need history (penalties), or the drafts are a draft
+    # model's to fill (``speculative.draft``): prompt and output ids so far.
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None
     num_draft_tokens: int = 0
@@ -57,8 +58,13 @@ class StepOutput(msgspec.Struct, gc=False):
 
     ``num_accepted_drafts[i]`` (None when no request speculated): how many of request i's draft
     tokens the model accepted, a; its new tokens are those a drafts, then ``sampled_token_ids[i]``.
+
+    ``draft_token_ids[i]`` (None when the step's drafts are the scheduler's own): the drafts a
+    draft model put in request i's placeholder slots, the ones verified; maybe fewer than the
+    slots (its KV pool was full), maybe none (then the request decoded one token).
     """
 
     sampled_token_ids: list[int]
     logprobs: list[list[tuple[float, list[tuple[int, float]]]] | None] | None = None
     num_accepted_drafts: list[int] | None = None
+    draft_token_ids: list[list[int] | None] | None = None

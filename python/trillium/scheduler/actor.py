@@ -126,6 +126,7 @@ class SchedulerActor(Actor):
                 if self.policy.has_work():
                     await self._step()
                 else:
+                    await self._release_finished()
                     message = await self._inbox.receive()
                     self.took_message()
                     self._apply(message)
@@ -233,6 +234,15 @@ class SchedulerActor(Actor):
             return
         self._update(plan, await self._run(plan))
 
+    async def _release_finished(self) -> None:
+        """Going idle: give the executor the requests that finished since the last step, in a
+        step of no requests, so what it keeps per request (a draft model's KV blocks) is freed
+        now rather than with the next request's first step."""
+        finished = self.policy.take_finished()
+        if finished:
+            await self.step_thread.run(self.executor.execute, StepInput(requests=[], finished_request_ids=finished))
+            self._publish_stats()  # the draft pool's blocks are back
+
     async def _wait_for_room(self) -> None:
         """Nothing fits right now: wait briefly for a message (an abort may free blocks) rather
         than spin."""
@@ -329,6 +339,8 @@ class SchedulerActor(Actor):
         kv = self.policy.kv
         filler = self.bitmask_filler
         spec = self.policy.spec_stats
+        # A draft model's pool (speculative.draft), read between steps: a count, not a structure.
+        drafter = getattr(self.executor, "drafter", None)
         self.stats.publish(
             SchedulerStats(
                 num_requests_running=self.policy.num_running,
@@ -352,6 +364,8 @@ class SchedulerActor(Actor):
                 spec_num_accepted_tokens=spec.num_accepted_tokens,
                 spec_accepted_per_pos=list(spec.accepted_per_pos),
                 spec_acceptance_rate=round(spec.acceptance_rate, 4),
-                spec_disable_by_batch_size=self.policy.spec.disable_by_batch_size if self.policy.spec else 0,
+                spec_disable_by_batch_size=self.policy.spec_threshold,
+                spec_draft_num_free_blocks=drafter.num_free_blocks if drafter is not None else 0,
+                spec_draft_num_total_blocks=drafter.num_total_blocks if drafter is not None else 0,
             )
         )

@@ -38,7 +38,8 @@ from trillium.protocol import FinishReason, ScheduledRequest, StepInput, StepOut
 from trillium.scheduler.fair_queue import FairQueue
 from trillium.scheduler.kv_manager import KVBlockManager
 from trillium.scheduler.request import Request, RequestStatus
-from trillium.speculative import NgramProposer, SpecStats
+from trillium.speculative import DraftDepth, NgramProposer, SpecStats
+from trillium.speculative.draft_slots import DraftSlots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,9 @@ class SchedulerConfig:
     model_key: str = ""  # prefix-cache namespace root: the served model's identity
     jump_forward: bool = True  # structured output: append the tokens a grammar forces without sampling
     speculative: SpeculativeConfig | None = None  # draft tokens for decoding requests (None: off)
+    # (batch size, chance of acceptance a draft needs to pay for its row), measured at start-up
+    # (engine.step_costs); empty: every draft is taken to pay.
+    spec_break_even: tuple[tuple[int, float], ...] = ()
 
 
 @dataclasses.dataclass
@@ -81,10 +85,13 @@ class SchedulerPolicy:
         self.config = config
         self.kv = kv
         self.spec = spec = config.speculative
-        self.proposer = (
-            NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max) if spec else None
-        )
+        self.proposer: NgramProposer | DraftSlots | None = None
+        if spec is not None and spec.method == "draft":
+            self.proposer = DraftSlots(spec.num_speculative_tokens)  # placeholders; a draft model fills them
+        elif spec is not None:
+            self.proposer = NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
         self.spec_stats = SpecStats(spec.num_speculative_tokens if spec else 0)
+        self.draft_depth = DraftDepth(spec.num_speculative_tokens if spec else 0)
         self.waiting = FairQueue()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -119,6 +126,14 @@ class SchedulerPolicy:
         self._finish(request, FinishReason.ABORT)
         return request
 
+    @property
+    def spec_threshold(self) -> int:
+        """Requests running from which none speculates (0: speculation off). An unset
+        ``disable_by_batch_size`` (the engine measures one at start-up) counts as 4."""
+        if self.spec is None:
+            return 0
+        return self.spec.disable_by_batch_size or 4
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -137,14 +152,14 @@ class SchedulerPolicy:
         budget = self.config.max_tokens_per_step
         scheduled: list[tuple[Request, int]] = []
         drafts: dict[str, list[int]] = {}
-        speculate = self.spec is not None and len(self.running) < self.spec.disable_by_batch_size
+        draft_limit = self._draft_limit()
 
         i = 0
         preempted = False
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            proposed = self._propose(request, num_new, budget) if speculate else []
+            proposed = self._propose(request, num_new, min(budget - 1, draft_limit)) if draft_limit else []
             if proposed and self.kv.grow(request, num_new + len(proposed)):
                 drafts[request.request_id] = proposed
                 num_new += len(proposed)
@@ -183,9 +198,10 @@ class SchedulerPolicy:
 
         step_input = StepInput(
             requests=[self._scheduled_request(r, n, drafts.get(r.request_id, [])) for r, n in scheduled],
-            finished_request_ids=self._finished_since_last_step,
+            finished_request_ids=self._finished_since_last_step if scheduled else [],
         )
-        self._finished_since_last_step = []
+        if scheduled:  # an empty plan is not run: its finished ids go with the next step
+            self._finished_since_last_step = []
         return StepPlan(
             scheduled, step_input, {r.request_id: drafts[r.request_id] for r, _ in scheduled if r.request_id in drafts}
         )
@@ -195,8 +211,8 @@ class SchedulerPolicy:
         updates: list[RequestUpdate] = []
         logprobs = output.logprobs or [None] * len(output.sampled_token_ids)
         accepted = output.num_accepted_drafts or [0] * len(output.sampled_token_ids)
-        for (request, num_new), token_id, lp, num_accepted in zip(
-            plan.scheduled, output.sampled_token_ids, logprobs, accepted
+        for i, ((request, num_new), token_id, lp, num_accepted) in enumerate(
+            zip(plan.scheduled, output.sampled_token_ids, logprobs, accepted)
         ):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted or aborted while the step ran
@@ -208,11 +224,17 @@ class SchedulerPolicy:
                     continue
                 new_token_ids, reason, error = self._append(request, [token_id])
             else:
-                self.spec_stats.record(len(drafts), num_accepted)
-                if self.proposer is not None:
-                    self.proposer.feedback(request.request_id, len(drafts), num_accepted)
+                num_slots = len(drafts)
+                filled = output.draft_token_ids[i] if output.draft_token_ids else None
+                if filled is not None:
+                    drafts = filled  # a draft model's, in the placeholder slots (maybe fewer, maybe none)
+                if drafts:
+                    self.spec_stats.record(len(drafts), num_accepted)
+                    self.draft_depth.record(len(drafts), num_accepted)
+                    if self.proposer is not None:
+                        self.proposer.feedback(request.request_id, len(drafts), num_accepted)
                 new_token_ids, reason, error = self._append(request, [*drafts[:num_accepted], token_id])
-                self._roll_back(request, num_new - (len(drafts) - num_accepted))
+                self._roll_back(request, num_new - (num_slots - num_accepted))
             if lp is not None:
                 lp = lp[: len(new_token_ids)]  # none for tokens after a stop (nor for forced ones)
             if reason is None and request.matcher is not None:
@@ -222,6 +244,12 @@ class SchedulerPolicy:
                 self._finish(request, reason)
             updates.append(RequestUpdate(request, new_token_ids, reason, lp, error))
         return updates
+
+    def take_finished(self) -> list[str]:
+        """The ids of requests finished since the last step that ran, for an executor that keeps
+        per-request state (a draft model's KV) to free while no step runs; cleared."""
+        finished, self._finished_since_last_step = self._finished_since_last_step, []
+        return finished
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -336,20 +364,32 @@ class SchedulerPolicy:
         """``max_tokens`` output tokens, or the context is full."""
         return len(request.output_token_ids) >= request.max_tokens or request.num_tokens >= self.config.max_model_len
 
-    def _propose(self, request: Request, num_new: int, budget: int) -> list[int]:
-        """Draft tokens for a decoding request, as many as its budget, ``max_tokens`` and the
+    def _propose(self, request: Request, num_new: int, limit: int) -> list[int]:
+        """Up to ``limit`` draft tokens for a decoding request, as many as ``max_tokens`` and the
         context leave room for; with a grammar, only the longest run the grammar allows."""
         if self.proposer is None or num_new != 1 or request.num_computed_tokens != request.num_tokens - 1:
             return []
         room = min(
-            budget - 1,
+            limit,
             request.max_tokens - len(request.output_token_ids) - 1,
             self.config.max_model_len - request.num_tokens - 1,
         )
+        if request.matcher is not None and isinstance(self.proposer, DraftSlots):
+            return []  # its per-position masks are made before the step, a draft model drafts during it
         drafts = self.proposer.propose(request, room)
         if drafts and request.matcher is not None:
             drafts = drafts[: request.matcher.validate(drafts)]
         return drafts
+
+    def _draft_limit(self) -> int:
+        """Drafts per request this step: none from ``spec_threshold`` running requests on, else
+        as deep as recent acceptance pays for at this batch size (``speculative.depth``)."""
+        running = len(self.running)
+        if running >= self.spec_threshold:
+            return 0
+        # The break-even of the nearest timed batch size at or above this one (the costlier).
+        break_even = next((p for b, p in self.config.spec_break_even if b >= running), 0.0)
+        return self.draft_depth.limit(break_even)
 
     def _roll_back(self, request: Request, num_verified: int) -> None:
         """After a verify step that computed ``num_verified`` tokens worth keeping (the last
@@ -363,7 +403,8 @@ class SchedulerPolicy:
         start = request.num_computed_tokens
         end = start + num_new - len(drafts)
         sample = end == request.num_tokens
-        history = sample and request.sampling.needs_history
+        # A draft model drafts from the whole context (speculative.draft).
+        history = sample and (request.sampling.needs_history or bool(drafts and isinstance(self.proposer, DraftSlots)))
         return ScheduledRequest(
             request_id=request.request_id,
             token_ids=request.token_ids_slice(start, end) + drafts if drafts else request.token_ids_slice(start, end),

@@ -6,7 +6,8 @@ the step computes the request's last token and its drafts together (k + 1 tokens
 runner verifies them (``ops.spec_verify``), keeping the accepted run plus one token of its own.
 """
 
+from trillium.speculative.depth import DraftDepth
 from trillium.speculative.ngram import NgramProposer, TokenSource
 from trillium.speculative.stats import SpecStats
 
-__all__ = ["NgramProposer", "SpecStats", "TokenSource"]
+__all__ = ["DraftDepth", "NgramProposer", "SpecStats", "TokenSource"]

@@ -21,7 +21,8 @@ class Tokenizer:
     """Wraps a ``tokenizers.Tokenizer`` with the model's special-token facts and chat template.
 
     Attributes: ``vocab_size`` (the model's embedding rows: ids are < this), ``bos_token_id``,
-    ``eos_token_id``, ``eos_token_ids`` (every id that ends generation), ``chat_template``.
+    ``eos_token_id``, ``eos_token_ids`` (every id that ends generation), ``pad_token_id`` (None
+    when the model names none), ``chat_template``.
     """
 
     def __init__(
@@ -34,11 +35,13 @@ class Tokenizer:
         extra_eos_token_ids: tuple[int, ...] = (),
         add_bos_token: bool = False,
         chat_template: str | None = None,
+        pad_token_id: int | None = None,
     ) -> None:
         self._backend = backend
         self.vocab_size = vocab_size
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
         self.add_bos_token = add_bos_token
         self.chat_template = chat_template
         self.bos_token = backend.id_to_token(bos_token_id) if bos_token_id is not None else None
@@ -70,6 +73,7 @@ class Tokenizer:
             ),
             add_bos_token=bool(md.get("tokenizer.ggml.add_bos_token", False)),
             chat_template=md.get("tokenizer.chat_template"),
+            pad_token_id=md.get("tokenizer.ggml.padding_token_id"),
         )
 
     @classmethod
@@ -93,6 +97,9 @@ class Tokenizer:
             value = cfg.get("eos_token_id")
             eos_candidates += value if isinstance(value, list) else [value]
         eos_ids = [i for i in eos_candidates if i is not None]
+        pad = token_id(tok_cfg.get("pad_token"))
+        if pad is None:
+            pad = _first_id(model_cfg.get("pad_token_id"))
         add_bos = tok_cfg.get("add_bos_token")
         if add_bos is None and bos is not None:
             # No flag: trust the tokenizer.json post-processor (Llama 3 adds BOS there).
@@ -105,6 +112,7 @@ class Tokenizer:
             extra_eos_token_ids=tuple(eos_ids[1:]),
             add_bos_token=bool(add_bos),
             chat_template=_hf_chat_template(path, tok_cfg),
+            pad_token_id=pad,
         )
 
     # ---- text <-> ids ------------------------------------------------------------------------

@@ -1,0 +1,109 @@
+"""Step costs measured at start-up: what a draft row costs against a decoded token.
+
+A verify step computes k + 1 rows per speculating request where a decode step computes one. At
+batch 1 the step is bound by reading the weights, so the extra rows cost little; as the batch
+grows the step becomes bound by arithmetic and an extra row costs about what a token does. The
+runner times real steps of b requests, decoding (one row each) and verifying (k + 1 rows
+each), for b = 1, 2, 4, ...; per batch size, ``break_even`` is a draft row's cost over a
+decoded token's cost: the chance of acceptance a draft needs to pay (``speculative.depth``).
+Speculation stands aside from the first batch size where it reaches ``NEVER_PAYS``.
+
+The timed steps write the runner's first blocks: call this before any request exists (every
+block is written before it is read, so nothing of them survives; a prefix-cached block would be
+overwritten). They run on the step thread like any step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+
+from trillium.engine.runner import ModelRunner
+from trillium.protocol import SamplingParams, ScheduledRequest, StepInput
+
+log = logging.getLogger("trillium.engine")
+
+NEVER_PAYS = 0.9  # a draft would need this chance of acceptance: speculation stands aside
+CONTEXT = 64  # tokens each timed request has in KV: a short chat turn
+REPEATS = 3  # timings per point; the median is kept
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCosts:
+    """Median seconds of a decode step and of a verify step of k drafts per request, per batch
+    size timed."""
+
+    num_speculative_tokens: int
+    batch_sizes: list[int]
+    decode_s: list[float]
+    verify_s: list[float]
+
+    def break_even_table(self) -> tuple[tuple[int, float], ...]:
+        """(batch size, break-even) pairs, as ``SchedulerConfig.spec_break_even`` takes them."""
+        return tuple(zip(self.batch_sizes, self.break_even()))
+
+    def break_even(self) -> list[float]:
+        """Per batch size: a draft row's cost over a decoded token's (see the module doc)."""
+        k = self.num_speculative_tokens
+        return [max(v - d, 0.0) / (b * k) / (d / b) for b, d, v in zip(self.batch_sizes, self.decode_s, self.verify_s)]
+
+
+def measure_step_costs(runner: ModelRunner, num_speculative_tokens: int, max_batch: int) -> tuple[int, StepCosts]:
+    """(threshold, the costs): times batch sizes 1, 2, 4, ... up to ``max_batch`` and stops at
+    the first whose break-even reaches ``NEVER_PAYS``: the threshold (``2 * max_batch`` when
+    none does)."""
+    k = num_speculative_tokens
+    block_size = runner.block_size
+    blocks = list(range(-(-(CONTEXT + k + 1) // block_size)))
+    vocab = runner.config.vocab_size
+    greedy = SamplingParams(temperature=0.0, max_tokens=k + 1)
+    # One prefill fills the shared context; every timed request reads the same blocks (and
+    # writes its new tokens into the same slots: harmless, nothing reads them back).
+    prompt = [(7 * i + 11) % vocab for i in range(CONTEXT)]
+    runner.execute(StepInput(requests=[_request("p", prompt, 0, blocks, greedy)]))
+
+    def timed(batch: int, rows: int) -> float:
+        tokens = [(13 * j + 5) % vocab for j in range(rows)]
+        step = StepInput(requests=[_request(f"r{i}", tokens, CONTEXT, blocks, greedy, rows - 1) for i in range(batch)])
+        samples = []
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            runner.execute(step)
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
+
+    timed(1, 1)  # warm-up: first-touch of the weights and the kernels' scratch
+    costs = StepCosts(k, [], [], [])
+    batch = 1
+    threshold = 2 * max_batch
+    while batch <= max_batch:
+        costs.batch_sizes.append(batch)
+        costs.decode_s.append(timed(batch, 1))
+        costs.verify_s.append(timed(batch, k + 1))
+        if costs.break_even()[-1] >= NEVER_PAYS:
+            threshold = batch
+            break
+        batch *= 2
+    log.info(
+        "speculation: a draft pays from a %s chance of acceptance at batch %s; none from %d running requests",
+        [round(p, 2) for p in costs.break_even()],
+        costs.batch_sizes,
+        threshold,
+    )
+    return threshold, costs
+
+
+def _request(
+    request_id: str, token_ids: list[int], start: int, blocks: list[int], sampling: SamplingParams, drafts: int = 0
+) -> ScheduledRequest:
+    return ScheduledRequest(
+        request_id=request_id,
+        token_ids=token_ids,
+        start_pos=start,
+        block_ids=blocks,
+        sample=True,
+        sampling=sampling,
+        num_draft_tokens=drafts,
+    )
