@@ -195,6 +195,22 @@ def test_draft_depth_follows_acceptance_against_the_break_even():
     assert limits.count(1) == 2 and limits.count(0) == 2 * PROBE_EVERY - 2  # a probe now and then
 
 
+def test_a_depth_dropped_on_thin_evidence_is_tried_again_and_kept_when_it_pays():
+    """Two unlucky first verifies must not pin a request stream to one draft per step: the
+    dropped depths' evidence decays, they are tried again, and once they are accepted they
+    stay (measured: every grounded prompt ran at one draft per verify before this)."""
+    depth = DraftDepth(4)
+    depth.record(4, 1)
+    depth.record(4, 1)
+    assert depth.limit(0.4) == 1
+    limits = []
+    for _ in range(60):
+        limit = depth.limit(0.4)
+        limits.append(limit)
+        depth.record(limit, limit)  # from now on every draft is accepted
+    assert limits[-1] == 4 and limits.index(4) < 40
+
+
 def test_policy_drafts_only_as_deep_as_pays_at_its_batch_size():
     """Drafts past the depth whose acceptance pays for a row at this batch size stop being
     proposed; a batch size where no draft can pay (its break-even above 1) gets probes only."""

@@ -7,7 +7,9 @@ batch 1 a row is cheap next to reading the weights; as the batch grows the step 
 arithmetic and a row costs as much as a token, so only near-certain drafts pay.
 
 The chance is estimated per depth from recent verifies (exponentially decayed counts, with an
-optimistic prior: a depth never tried counts as paying, so it gets tried), over all requests; each request also backs off on its own (``ngram.py``). When
+optimistic prior: a depth never tried counts as paying, so it gets tried), over all requests; each
+request also backs off on its own (``ngram.py``). Counts decay with every verify, proposed at that
+depth or not, so a depth dropped on thin evidence is soon tried again. When
 no depth pays, one draft is still proposed every ``PROBE_EVERY`` steps so that the estimate
 keeps learning and speculation comes back when the text turns copyable.
 """
@@ -29,9 +31,17 @@ class DraftDepth:
         self._steps_without = 0
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
-        for j in range(num_drafts):
-            self._proposed[j] = self._proposed[j] * DECAY + 1.0
-            self._accepted[j] = self._accepted[j] * DECAY + (1.0 if j < num_accepted else 0.0)
+        # Every depth's counts decay with every verify, not only the depths proposed: a depth
+        # that stopped paying is not proposed, so its counts would otherwise never change and
+        # it would never be tried again (one unlucky early verify kept a whole run at one draft
+        # per step). Decayed evidence drifts back to the optimistic prior, so a dropped depth is
+        # retried after a number of verifies that grows with how clearly it failed.
+        for j in range(len(self._proposed)):
+            self._proposed[j] *= DECAY
+            self._accepted[j] *= DECAY
+            if j < num_drafts:
+                self._proposed[j] += 1.0
+                self._accepted[j] += 1.0 if j < num_accepted else 0.0
 
     def chance(self, depth: int) -> float:
         """Estimated chance that draft ``depth`` (0-based) and all before it are accepted."""
