@@ -14,6 +14,11 @@
 #include "kernels/isa_target.h"
 #include "kernels/quant_linear_impl.h"
 
+#if !defined(__clang__)
+// GCC 12 flags _mm512_undefined_ps() inside its own cast intrinsics (a known false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 TRILLIUM_TARGET_AVX512_BEGIN
 
 namespace trillium::kernels {
@@ -23,6 +28,7 @@ namespace ql_avx512 {
 // measured 25% faster than through the panel; 6 rows was slower.
 constexpr int64_t kMaxDirectRows = 4;
 #include "kernels/quant_linear_simd.h"
+#include "kernels/quant_linear_zmm.h"
 }  // namespace ql_avx512
 }  // namespace trillium::kernels
 
@@ -30,7 +36,7 @@ TRILLIUM_TARGET_END
 
 namespace trillium::kernels {
 QuantLinearKernels quant_linear_avx512_kernels() {
-  return {ql_avx512::quantize_rows_avx2, ql_avx512::gemm_avx2, ql_avx512::gemm_f32_avx2};
+  return {ql_avx512::quantize_rows_avx2, ql_avx512::gemm_avx2, ql_avx512::gemm_f32_avx512};
 }
 }  // namespace trillium::kernels
 

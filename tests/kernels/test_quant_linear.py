@@ -102,6 +102,25 @@ def test_every_isa_gives_identical_bits(bits, int8):
         assert torch.equal(results[0], other)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n", [40, 100])
+def test_exact_rows_do_not_depend_on_row_count_or_isa(bits, n):
+    """The exact path's register tiles differ by row count (1 row, 2-8 rows, a dequantized panel
+    beyond) and by ISA (256- or 512-bit lanes), but every row gets the same bits: a speculative
+    verify step's rows must equal the decode steps they replace (n = 100: a partial last tile)."""
+    gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
+    codes, scale, mins = random_weight(n, 128, bits, gen)
+    weight = QuantWeight.pack(codes, scale, mins, bits)
+    x = torch.randn(33, 128, generator=gen)
+    bias = torch.randn(n, generator=gen)
+    _core.set_kernel_isa("portable")
+    expected = torch.cat([quant_linear(x[r : r + 1], weight, bias) for r in range(x.shape[0])])
+    for isa in ISAS:
+        _core.set_kernel_isa(isa)
+        for rows in [*range(1, 14), 16, 20, 25, 33]:
+            assert torch.equal(quant_linear(x[:rows], weight, bias), expected[:rows]), (isa, rows)
+
+
 def test_strided_rows_out_buffer_and_leading_dims():
     gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
     codes, scale, mins = random_weight(24, 64, 4, gen)
