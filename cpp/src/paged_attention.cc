@@ -3,8 +3,9 @@
 // states and writes the output in its dtype.
 //
 // Work items:
-//   decode  (request, KV head, key range)   ranges of >= kMinSplitKeys keys, block-aligned; the last
-//                                           range of a (request, KV head) to finish merges them all
+//   decode  (request, key range, tokens)    ranges of >= kMinSplitKeys keys, block-aligned; the last
+//                                           range of a token to finish merges them all; a
+//                                           request's several tokens share one item's K/V reads
 //   extend  (request, KV head, query tile)  tiles of ~kTileRows query rows (tokens x G heads);
 //                                           requests of <= kMaxDecodeRowsQuery new tokens run
 //                                           each token as a decode row instead
@@ -181,114 +182,209 @@ float* thread_scratch(int64_t floats) {
   return buf.data();
 }
 
-// One query token attending over the first `ctx` keys of request `request`'s pool, all heads.
-struct DecodeRow {
+// Consecutive query tokens of one request: token t (t < num_tokens) is query row `token + t` and
+// attends over the first `ctx + t` keys. A decode step's request is a group of one; a request
+// with few new tokens (a speculative verify step) is one group, so K and V are read once for all.
+struct DecodeGroup {
   int64_t token;
-  int32_t request, ctx;
+  int32_t request, ctx, num_tokens;
 };
 
 // Key range length of a decode row's splits: a function of its context length only (never of the
-// batch, the step's shape or the thread count), so a row's result is the same bits whichever
-// step computes it -- a decode step, a verify step's draft row, a mixed step. Speculative
-// decoding's lossless outputs rest on that.
+// batch, the step's shape, the thread count or the tokens it shares a work item with), so a row's
+// result is the same bits whichever step computes it -- a decode step, a verify step's draft row,
+// a mixed step. Speculative decoding's lossless outputs rest on that.
 int64_t split_len_for(int32_t ctx, int32_t block_size) {
   const int64_t len = std::max<int64_t>(kMinSplitKeys, (static_cast<int64_t>(ctx) + kSplitsMax - 1) / kSplitsMax);
   return (len + block_size - 1) / block_size * block_size;
 }
 
-// The decode loop over `rows` (validated by the caller): long contexts are split into key ranges
-// (split_len_for) whose partial states are merged in range order by the last one to finish.
-void run_decode_rows(const PagedAttentionArgs& a, const std::vector<DecodeRow>& todo) {
+// Groups whose tokens all have the same split length (true below ~4k keys; else one group per
+// token), each token's index in the flattened token list, and split counts per token.
+struct DecodePlan {
+  std::vector<DecodeGroup> groups;
+  std::vector<int32_t> first_token;  // per group: index of its token 0 among all tokens
+  std::vector<int64_t> split_len;    // per group
+  int32_t num_tokens = 0;
+};
+
+DecodePlan plan_groups(const std::vector<DecodeGroup>& todo, int32_t block_size) {
+  DecodePlan plan;
+  for (const DecodeGroup& g : todo) {
+    const int64_t len = split_len_for(g.ctx, block_size);
+    if (g.num_tokens > 1 && split_len_for(g.ctx + g.num_tokens - 1, block_size) != len) {
+      for (int32_t t = 0; t < g.num_tokens; ++t) {
+        plan.groups.push_back({g.token + t, g.request, g.ctx + t, 1});
+        plan.split_len.push_back(split_len_for(g.ctx + t, block_size));
+        plan.first_token.push_back(plan.num_tokens++);
+      }
+      continue;
+    }
+    plan.groups.push_back(g);
+    plan.split_len.push_back(len);
+    plan.first_token.push_back(plan.num_tokens);
+    plan.num_tokens += g.num_tokens;
+  }
+  return plan;
+}
+
+// The decode loop over groups of tokens (validated by the caller). Long contexts are split into
+// key ranges (split_len_for) whose partial states are merged per token, in range order, by the
+// last item to finish that token. A work item is (group, key range, a run of the group's tokens):
+// a group's tokens are cut into runs only when there would be too few items for the threads.
+void run_decode_groups(const PagedAttentionArgs& a, const std::vector<DecodeGroup>& todo) {
   const int32_t H = a.num_kv_heads, G = a.num_q_heads / a.num_kv_heads, D = a.head_dim;
-  const int32_t rows = H * G;
+  const int32_t HG = H * G;  // query rows of one token
   const int threads = thread_count(a);
   const kernels::DecodeFn decode = isa_kernels(kernel_isa()).decode[a.kv_dtype == DType::kBF16];
-  const auto n = static_cast<int32_t>(todo.size());
+  const DecodePlan plan = plan_groups(todo, a.block_size);
+  const auto num_groups = static_cast<int32_t>(plan.groups.size());
+
+  int64_t range_items = 0;
+  for (int32_t gi = 0; gi < num_groups; ++gi) {
+    const DecodeGroup& g = plan.groups[static_cast<size_t>(gi)];
+    range_items += (g.ctx + g.num_tokens - 1 + plan.split_len[static_cast<size_t>(gi)] - 1) /
+                   plan.split_len[static_cast<size_t>(gi)];
+  }
+  // Runs per group: enough items for ~2 per thread (each run reads the keys again).
+  const int64_t runs_wanted = std::max<int64_t>(1, (2 * threads + range_items - 1) / std::max<int64_t>(range_items, 1));
 
   struct Item {
-    int32_t row, key_begin, key_end, split, num_splits;
+    int32_t group, t_begin, t_end, split, key_begin, key_end;
   };
   std::vector<Item> items;
-  std::vector<int64_t> first_partial(static_cast<size_t>(n), -1);  // partial slot of (row, split 0)
-  std::vector<int32_t> num_splits(static_cast<size_t>(n), 1);
+  std::vector<int32_t> num_splits(static_cast<size_t>(plan.num_tokens), 1);
+  std::vector<int64_t> first_partial(static_cast<size_t>(plan.num_tokens), -1);  // slot of (token, split 0)
   int64_t num_partials = 0;
-  for (int32_t r = 0; r < n; ++r) {
-    const int32_t ctx = todo[static_cast<size_t>(r)].ctx;
-    const int64_t split_len = split_len_for(ctx, a.block_size);
-    const auto splits = static_cast<int32_t>((ctx + split_len - 1) / split_len);
-    num_splits[static_cast<size_t>(r)] = splits;
-    if (splits > 1) {
-      first_partial[static_cast<size_t>(r)] = num_partials;
-      num_partials += splits;
+  int32_t max_run = 1;
+  for (int32_t gi = 0; gi < num_groups; ++gi) {
+    const DecodeGroup& g = plan.groups[static_cast<size_t>(gi)];
+    const int64_t L = plan.split_len[static_cast<size_t>(gi)];
+    for (int32_t t = 0; t < g.num_tokens; ++t) {
+      const size_t tok = static_cast<size_t>(plan.first_token[static_cast<size_t>(gi)] + t);
+      num_splits[tok] = static_cast<int32_t>((g.ctx + t + L - 1) / L);
+      if (num_splits[tok] > 1) {
+        first_partial[tok] = num_partials;
+        num_partials += num_splits[tok];
+      }
     }
-    for (int32_t s = 0; s < splits; ++s) {
-      const auto begin = static_cast<int32_t>(s * split_len);
-      const auto end = static_cast<int32_t>(std::min<int64_t>(ctx, begin + split_len));
-      items.push_back({r, begin, end, s, splits});
+    const auto runs = static_cast<int32_t>(std::min<int64_t>(g.num_tokens, runs_wanted));
+    const int32_t run_len = (g.num_tokens + runs - 1) / runs;
+    max_run = std::max(max_run, run_len);
+    const int32_t last_ctx = g.ctx + g.num_tokens - 1;
+    for (int32_t s = 0; static_cast<int64_t>(s) * L < last_ctx; ++s) {
+      const auto key_begin = static_cast<int32_t>(s * L);
+      for (int32_t t0 = 0; t0 < g.num_tokens; t0 += run_len) {
+        // Tokens of the run that see a key of this range: ctx + t > key_begin.
+        const int32_t t_begin = std::max(t0, key_begin - g.ctx + 1);
+        const int32_t t_end = std::min(g.num_tokens, t0 + run_len);
+        if (t_begin >= t_end) continue;
+        const auto key_end = static_cast<int32_t>(std::min<int64_t>(g.ctx + t_end - 1, key_begin + L));
+        items.push_back({gi, t_begin, t_end, s, key_begin, key_end});
+      }
     }
   }
-  // Partial states of split items: [slot][rows * (D + 2)] = acc [rows, D], m [rows], l [rows].
-  const int64_t slot_floats = static_cast<int64_t>(rows) * (D + 2);
+  // Partial states of split tokens: [slot][HG * (D + 2)] = acc [HG, D], m [HG], l [HG].
+  const int64_t slot_floats = static_cast<int64_t>(HG) * (D + 2);
   std::vector<float> partials(static_cast<size_t>(num_partials * slot_floats));
-  std::vector<std::atomic<int32_t>> remaining(static_cast<size_t>(num_partials > 0 ? n : 0));
-  for (int32_t r = 0; r < n && num_partials > 0; ++r) {
-    remaining[static_cast<size_t>(r)].store(num_splits[static_cast<size_t>(r)], std::memory_order_relaxed);
+  std::vector<std::atomic<int32_t>> remaining(static_cast<size_t>(num_partials > 0 ? plan.num_tokens : 0));
+  for (int32_t t = 0; t < plan.num_tokens && num_partials > 0; ++t) {
+    remaining[static_cast<size_t>(t)].store(num_splits[static_cast<size_t>(t)], std::memory_order_relaxed);
   }
 
   const int64_t num_items = static_cast<int64_t>(items.size());
-  const int64_t own_floats = static_cast<int64_t>(rows) * D * 2 + 2 * rows;
-  const int64_t scratch_floats = own_floats + kernels::decode_scratch_floats(D, rows);
+  const int64_t rows_max = static_cast<int64_t>(max_run) * HG;
+  // q, acc [rows_max, D]; m, l [rows_max]; one token's acc [HG, D] and l [HG].
+  const int64_t own_floats = rows_max * D * 2 + 2 * rows_max + static_cast<int64_t>(HG) * (D + 1);
+  const int64_t scratch_floats = own_floats + kernels::decode_scratch_floats(D, static_cast<int32_t>(rows_max));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && num_items > 1)
   for (int64_t i = 0; i < num_items; ++i) {
     const Item& it = items[static_cast<size_t>(i)];
-    const DecodeRow& row = todo[static_cast<size_t>(it.row)];
+    const DecodeGroup& g = plan.groups[static_cast<size_t>(it.group)];
+    const int32_t T = it.t_end - it.t_begin;
+    const int32_t GT = T * G;  // the item's rows per KV head
     float* buf = thread_scratch(scratch_floats);
     float* q = buf;
-    float* acc = q + rows * D;
-    float* l = acc + rows * D + rows;
+    float* acc = q + rows_max * D;
+    float* m = acc + rows_max * D;
+    float* l = m + rows_max;
+    float* tok_acc = l + rows_max;
+    float* tok_l = tok_acc + static_cast<int64_t>(HG) * D;
+    thread_local std::vector<int32_t> key_ends;  // the run's tokens' key ends
+    key_ends.resize(static_cast<size_t>(T));
+    // Rows in [KV head][token][head of its group] order (DecodeWork's several-token layout).
+    const float qs = a.scale * kLog2e;
+    for (int32_t h = 0; h < H; ++h) {
+      for (int32_t t = 0; t < T; ++t) {
+        for (int32_t gg = 0; gg < G; ++gg) {
+          const int64_t base = (g.token + it.t_begin + t) * a.query_stride_token + (h * G + gg) * a.query_stride_head;
+          float* row = q + (static_cast<int64_t>(h) * GT + t * G + gg) * D;
+          for (int32_t d = 0; d < D; ++d) row[d] = load_elem(a.query, a.query_dtype, base + d) * qs;
+        }
+      }
+    }
+    for (int32_t t = 0; t < T; ++t) key_ends[static_cast<size_t>(t)] = std::min(g.ctx + it.t_begin + t, it.key_end);
     DecodeWork w;
-    w.kv = kv_view(a, row.request, /*kv_head=*/0);
+    w.kv = kv_view(a, g.request, /*kv_head=*/0);
     w.num_kv_heads = H;
-    w.group = G;
+    w.group = GT;
     w.q = q;
     w.key_begin = it.key_begin;
     w.key_end = it.key_end;
+    w.heads_per_token = G;
+    w.token_key_end = T > 1 ? key_ends.data() : nullptr;
+    w.acc = acc;
+    w.m = m;
+    w.l = l;
     w.scratch = buf + own_floats;
-    load_queries(a, row.token, 1, 0, rows, q);
-    if (it.num_splits == 1) {
-      w.acc = acc;
-      w.m = acc + rows * D;
-      w.l = l;
-      decode(w);
-      write_rows(a, row.token, 1, 0, rows, acc, l);
-      continue;
-    }
-    const int64_t first_slot = first_partial[static_cast<size_t>(it.row)];
-    float* slot = partials.data() + (first_slot + it.split) * slot_floats;
-    w.acc = slot;
-    w.m = slot + rows * D;
-    w.l = w.m + rows;
     decode(w);
-    // The last split of this row to finish merges all of them, in range order (acq_rel: it sees
-    // every other split's writes).
-    if (remaining[static_cast<size_t>(it.row)].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
-    for (int32_t hr = 0; hr < rows; ++hr) {
-      float m_max = -INFINITY;
-      for (int32_t s = 0; s < it.num_splits; ++s) {
-        m_max = std::max(m_max, partials[(first_slot + s) * slot_floats + rows * D + hr]);
+    for (int32_t t = 0; t < T; ++t) {
+      const int32_t tok = plan.first_token[static_cast<size_t>(it.group)] + it.t_begin + t;
+      const int64_t token = g.token + it.t_begin + t;
+      const int32_t splits = num_splits[static_cast<size_t>(tok)];
+      // This token's rows, back in head order (hr = h * G + g).
+      float* dst_acc = tok_acc;
+      float* dst_m = nullptr;
+      float* dst_l = tok_l;
+      if (splits > 1) {
+        dst_acc = partials.data() + (first_partial[static_cast<size_t>(tok)] + it.split) * slot_floats;
+        dst_m = dst_acc + static_cast<int64_t>(HG) * D;
+        dst_l = dst_m + HG;
       }
-      float l_sum = 0.0f;
-      float* out_row = acc + hr * D;
-      std::fill(out_row, out_row + D, 0.0f);
-      for (int32_t s = 0; s < it.num_splits; ++s) {
-        const float* p = partials.data() + (first_slot + s) * slot_floats;
-        const float weight = std::exp2(p[rows * D + hr] - m_max);
-        l_sum += p[rows * D + rows + hr] * weight;
-        for (int32_t d = 0; d < D; ++d) out_row[d] += p[hr * D + d] * weight;
+      for (int32_t h = 0; h < H; ++h) {
+        for (int32_t gg = 0; gg < G; ++gg) {
+          const int64_t src = static_cast<int64_t>(h) * GT + t * G + gg, hr = h * G + gg;
+          std::copy(acc + src * D, acc + (src + 1) * D, dst_acc + hr * D);
+          if (dst_m) dst_m[hr] = m[src];
+          dst_l[hr] = l[src];
+        }
       }
-      l[hr] = l_sum;
+      if (splits == 1) {
+        write_rows(a, token, 1, 0, HG, tok_acc, tok_l);
+        continue;
+      }
+      // The last split of this token to finish merges all of them, in range order (acq_rel: it
+      // sees every other split's writes).
+      if (remaining[static_cast<size_t>(tok)].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+      const int64_t first_slot = first_partial[static_cast<size_t>(tok)];
+      for (int32_t hr = 0; hr < HG; ++hr) {
+        float m_max = -INFINITY;
+        for (int32_t s = 0; s < splits; ++s) {
+          m_max = std::max(m_max, partials[(first_slot + s) * slot_floats + HG * D + hr]);
+        }
+        float l_sum = 0.0f;
+        float* out_row = tok_acc + hr * D;
+        std::fill(out_row, out_row + D, 0.0f);
+        for (int32_t s = 0; s < splits; ++s) {
+          const float* p = partials.data() + (first_slot + s) * slot_floats;
+          const float weight = std::exp2(p[HG * D + hr] - m_max);
+          l_sum += p[HG * D + HG + hr] * weight;
+          for (int32_t d = 0; d < D; ++d) out_row[d] += p[hr * D + d] * weight;
+        }
+        tok_l[hr] = l_sum;
+      }
+      write_rows(a, token, 1, 0, HG, tok_acc, tok_l);
     }
-    write_rows(a, row.token, 1, 0, rows, acc, l);
   }
 }
 
@@ -297,9 +393,9 @@ void run_decode_rows(const PagedAttentionArgs& a, const std::vector<DecodeRow>& 
 // ---------------------------------------------------------------------------------------- API
 Status paged_attention_decode(const PagedAttentionArgs& a) {
   if (Status st = validate(a, /*decode=*/true); !st.ok()) return st;
-  std::vector<DecodeRow> rows(static_cast<size_t>(a.num_requests));
-  for (int32_t r = 0; r < a.num_requests; ++r) rows[static_cast<size_t>(r)] = {r, r, a.context_lens[r]};
-  run_decode_rows(a, rows);
+  std::vector<DecodeGroup> groups(static_cast<size_t>(a.num_requests));
+  for (int32_t r = 0; r < a.num_requests; ++r) groups[static_cast<size_t>(r)] = {r, r, a.context_lens[r], 1};
+  run_decode_groups(a, groups);
   return Status::Ok();
 }
 
@@ -312,15 +408,15 @@ Status paged_attention_extend(const PagedAttentionArgs& a) {
   const int dt = a.kv_dtype == DType::kBF16;
   const auto qlen_of = [&](int32_t r) { return a.query_start_loc[r + 1] - a.query_start_loc[r]; };
   // Requests with few new tokens (decodes, speculative verify steps, short chunks) run each token
-  // as a decode row over the keys it sees: the same arithmetic as a decode step's.
-  std::vector<DecodeRow> decode_rows;
+  // as a decode row over the keys it sees: the same arithmetic as a decode step's (one group per
+  // request, so the tokens share their reads of K and V).
+  std::vector<DecodeGroup> decode_groups;
   for (int32_t r = 0; r < R; ++r) {
     const int32_t qlen = qlen_of(r);
-    if (qlen > kMaxDecodeRowsQuery) continue;
-    const int32_t ctx = a.context_lens[r];
-    for (int32_t i = 0; i < qlen; ++i) decode_rows.push_back({a.query_start_loc[r] + i, r, ctx - qlen + i + 1});
+    if (qlen > kMaxDecodeRowsQuery || qlen == 0) continue;
+    decode_groups.push_back({a.query_start_loc[r], r, a.context_lens[r] - qlen + 1, qlen});
   }
-  if (!decode_rows.empty()) run_decode_rows(a, decode_rows);
+  if (!decode_groups.empty()) run_decode_groups(a, decode_groups);
 
   // Query tokens per item: big tiles amortize each K chunk's transpose over more rows; halve them
   // while there would be fewer than ~4 items per thread.

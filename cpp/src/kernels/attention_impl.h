@@ -130,7 +130,9 @@ void decode_impl(const DecodeWork& w) {
         for (int32_t g = 0; g < ng; ++g) {
           const int32_t row = h * G + g0 + g;
           for (int32_t t = n; t < 16; ++t) part[g * 16 + t] = vzero();
-          const F16 s = vmask_tail(vsum16(part + g * 16), n);
+          // A token of a several-token item sees the chunk up to its own end (maybe none of it).
+          const int32_t seen = w.token_key_end ? w.token_key_end[(g0 + g) / w.heads_per_token] - pos : n;
+          const F16 s = vmask_tail(vsum16(part + g * 16), seen < n ? seen : n);
           vstore(pbuf + 16 * (g0 + g), online_update(s, &w.m[row], lsum + row * 16, w.acc + row * D, D));
         }
       }

@@ -27,12 +27,20 @@ struct KVView {
 // [key_begin, key_end) of all H KV heads. Walking whole token rows (every head) keeps the reads
 // sequential inside a block: per-head items would read a third of each line pair the hardware
 // prefetchers fetch.
+//
+// Several consecutive tokens of one request (a speculative verify step's rows) share the reads of
+// K and V: their rows are the group, G = tokens x heads per token (row = h * G + t * heads_per_token
+// + g), and token t sees keys [key_begin, token_key_end[t]) (token_key_end[t] <= key_end; nullptr:
+// every row sees [key_begin, key_end)). Each row's arithmetic is the same as alone: keys a row
+// does not see get probability 0, which adds exactly nothing.
 struct DecodeWork {
   KVView kv;
   int32_t num_kv_heads = 0;  // H
   int32_t group = 0;         // G
   const float* q = nullptr;  // [H * G, head_dim], pre-scaled
   int32_t key_begin = 0, key_end = 0;  // key_end > key_begin
+  int32_t heads_per_token = 1;
+  const int32_t* token_key_end = nullptr;  // [G / heads_per_token] or nullptr
   float* acc = nullptr;  // [H * G, head_dim] out, unnormalized
   float* m = nullptr;    // [H * G] out
   float* l = nullptr;    // [H * G] out
