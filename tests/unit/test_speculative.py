@@ -155,15 +155,26 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     assert p.propose(r, 10) == []  # 9 never occurred before
 
 
-def test_ngram_backs_off_after_rejections_and_recovers():
+def test_ngram_caps_drafts_after_rejections_and_recovers():
     p = NgramProposer(4, 1, 2)
     r = ctx([7, 8, 9, 1, 2, 3, 4, 7, 8])
     assert p.propose(r, 10) == [9, 1, 2, 3]
     p.feedback("r", 4, 0)
-    assert p.propose(r, 10) == []  # one step off
-    assert len(p.propose(r, 10)) == 1  # then a single draft (cap 2 * 0 + 1)
+    assert p.propose(r, 10) == [9]  # a single draft (cap 2 * 0 + 1)
     p.feedback("r", 1, 1)
     assert len(p.propose(r, 10)) == 3
+
+
+def test_ngram_drafts_no_more_than_a_short_match_is_long():
+    """A match shorter than prompt_lookup_max proposes at most as many drafts as it has tokens;
+    a match of prompt_lookup_max proposes up to k."""
+    one = ctx([4, 10, 11, 12, 13, 14, 15, 16, 5, 10])  # the 1-gram (10) matches, (5, 10) does not
+    assert NgramProposer(5, 1, 3).propose(one, 10) == [11]
+    two = ctx([4, 5, 10, 11, 12, 13, 14, 15, 16, 5, 10])  # (5, 10) matches, (16, 5, 10) does not
+    assert NgramProposer(5, 1, 3).propose(two, 10) == [11, 12]
+    three = ctx([16, 5, 10, 11, 12, 13, 14, 15, 16, 5, 10])  # the whole 3-gram matches
+    assert NgramProposer(5, 1, 3).propose(three, 10) == [11, 12, 13, 14, 15]
+    assert NgramProposer(5, 1, 3).propose(three, 2) == [11, 12]
 
 
 def test_speculative_config_from_json_names_the_bad_field():
