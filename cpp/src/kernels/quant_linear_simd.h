@@ -2,8 +2,9 @@
 // (pmaddubsw integer dot products; the exact path's fp32 panels and register tiles) and compiled
 // once per ISA: quant_linear_<isa>.cc defines kMaxDirectRows and includes this file inside its own
 // namespace and target region (kernels/isa_target.h), after every header it needs (<immintrin.h>,
-// <algorithm>, <cstring>, kernels/quant_linear_impl.h). The AVX-512 build runs the same
-// instructions with 32 vector registers, which holds a 4-row register tile without spilling.
+// <algorithm>, <cstring>, kernels/quant_linear_impl.h). The AVX-512 build runs the integer path's
+// instructions with 32 vector registers and replaces the exact path by 512-bit tiles
+// (quant_linear_zmm.h); dequant_tile is shared.
 // Every build computes bit-identical results (the same fma order per output).
 //
 // One 32-byte load of packed codes covers 8 output features x 4 consecutive k; the 4 activation

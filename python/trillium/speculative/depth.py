@@ -8,9 +8,9 @@ arithmetic and a row costs as much as a token, so only near-certain drafts pay.
 
 The chance is estimated per depth from recent verifies (exponentially decayed counts, with an
 optimistic prior: a depth never tried counts as paying, so it gets tried), over all requests; each
-request also caps its own next drafts after a rejection (``ngram.py``). Counts decay with every verify, proposed at that
-depth or not, so a depth dropped on thin evidence is soon tried again. When
-no depth pays, one draft is still proposed every ``PROBE_EVERY`` steps so that the estimate
+request also caps its own next drafts after a rejection (``ngram.py``). Counts decay with every
+verify, proposed at that depth or not, so a depth dropped on thin evidence is soon tried again.
+When no depth pays, one draft is still proposed every ``PROBE_EVERY`` steps so that the estimate
 keeps learning and speculation comes back when the text turns copyable.
 """
 

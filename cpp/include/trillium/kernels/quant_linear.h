@@ -76,9 +76,9 @@ struct QuantLinearArgs {
 };
 
 // out = x . W^T + bias. kInvalidArgument (nothing written) for inconsistent sizes or null pointers.
-// Uses AVX2 (or the same loops with AVX-512's 32 registers, which allow larger register tiles) when
-// the active kernel ISA (kernel_isa(), trillium/cpu_isa.h) is AVX2 or better, else a portable
-// scalar path with the same arithmetic.
+// Uses AVX2 (AVX-512: the same integer loops with 32 registers, and 512-bit fp32 tiles for the
+// exact path) when the active kernel ISA (kernel_isa(), trillium/cpu_isa.h) is AVX2 or better,
+// else a portable scalar path with the same arithmetic.
 Status quant_linear(const QuantLinearArgs& args);
 
 }  // namespace trillium
