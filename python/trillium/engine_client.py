@@ -234,7 +234,10 @@ class EngineClient:
         """Queue a request; its deltas arrive in the returned mailbox. Raises EngineOverloaded (the
         waiting queue is full, or ``tenant`` has its share of it: :class:`FairAdmission`), or
         SamplingParamError for token ids outside the vocabulary.
-        A request with ``sampling.structured`` needs its ``grammar`` from :meth:`compile_grammar`."""
+        A request with ``sampling.structured`` needs its ``grammar`` from :meth:`compile_grammar`;
+        ValueError for a prompt of no tokens (nothing for the model to continue)."""
+        if not prompt_token_ids:
+            raise ValueError("the prompt has no tokens")
         if (sampling.structured is None) != (grammar is None):
             raise ValueError("a constrained request needs its compiled grammar (and only it)")
         sampling.check_vocab(self.model_config.vocab_size)  # SamplingParamError (a ValueError)

@@ -43,6 +43,14 @@ def test_many_prompts_more_than_the_inbox_bound(llm):
     assert len(outs) == 300 and all(len(o.token_ids) <= 2 for o in outs)
 
 
+def test_a_prompt_of_no_tokens_is_refused_and_the_engine_goes_on(llm):
+    """A character the vocabulary has no token for tokenizes to nothing: a clear error, not a
+    failed step."""
+    with pytest.RaisesGroup(pytest.RaisesExc(ValueError, match="no tokens"), flatten_subgroups=True):
+        llm.generate("\x04", SamplingParams(max_tokens=2))
+    assert len(llm.generate("Hello", SamplingParams(max_tokens=2, temperature=0))[0].token_ids) == 2
+
+
 def test_trillium_chat_streams_an_answer():
     proc = subprocess.run(
         [

@@ -152,6 +152,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": MODEL, "prompt": "word " * 3000}, 400, "prompt"),
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 5000}, 400, "max_tokens"),
     ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": "\x04"}, 400, "prompt"),  # no token for it
     ("/v1/completions", {"model": MODEL, "prompt": [1, 2, 10**9]}, 400, "prompt"),
 ]
 

@@ -272,6 +272,8 @@ class Routes:
             raise actor_failed(exc) from None
 
     def _check_length(self, num_prompt_tokens: int, max_tokens: int | None, param: str) -> None:
+        if num_prompt_tokens == 0:  # a text of characters the vocabulary has no token for
+            raise APIError(f"the {param} has no tokens after tokenization", param=param)
         limit = self.client.max_model_len
         wanted = num_prompt_tokens + (max_tokens or 1)
         if num_prompt_tokens >= limit or wanted > limit:
