@@ -312,17 +312,9 @@ void run_decode_groups(const PagedAttentionArgs& a, const std::vector<DecodeGrou
     float* tok_l = tok_acc + static_cast<int64_t>(HG) * D;
     thread_local std::vector<int32_t> key_ends;  // the run's tokens' key ends
     key_ends.resize(static_cast<size_t>(T));
-    // Rows in [KV head][token][head of its group] order (DecodeWork's several-token layout).
-    const float qs = a.scale * kLog2e;
-    for (int32_t h = 0; h < H; ++h) {
-      for (int32_t t = 0; t < T; ++t) {
-        for (int32_t gg = 0; gg < G; ++gg) {
-          const int64_t base = (g.token + it.t_begin + t) * a.query_stride_token + (h * G + gg) * a.query_stride_head;
-          float* row = q + (static_cast<int64_t>(h) * GT + t * G + gg) * D;
-          for (int32_t d = 0; d < D; ++d) row[d] = load_elem(a.query, a.query_dtype, base + d) * qs;
-        }
-      }
-    }
+    // Rows in [KV head][token][head of its group] order (DecodeWork's several-token layout): per
+    // KV head, load_queries' token-major rows of its G heads.
+    for (int32_t h = 0; h < H; ++h) load_queries(a, g.token + it.t_begin, T, h * G, G, q + static_cast<int64_t>(h) * GT * D);
     for (int32_t t = 0; t < T; ++t) key_ends[static_cast<size_t>(t)] = std::min(g.ctx + it.t_begin + t, it.key_end);
     DecodeWork w;
     w.kv = kv_view(a, g.request, /*kv_head=*/0);
