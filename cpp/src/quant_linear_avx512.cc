@@ -1,6 +1,7 @@
-// Block-quantized linear layer for x86-64 with AVX-512 (F, BW, VL): kernels/quant_linear_simd.h compiled
-// inside the AVX-512 target region (kernels/isa_target.h); every header comes first so no AVX-512 code
-// leaks into shared inline functions. Called only when kernel_isa() is kAvx512 (quant_linear.cc
+// Block-quantized linear layer for x86-64 with AVX-512 (F, BW, VL): kernels/quant_linear_simd.h (the
+// integer path) and kernels/quant_linear_zmm.h (the exact path) compiled inside the AVX-512 target
+// region (kernels/isa_target.h); every header comes first so no AVX-512 code leaks into shared inline
+// functions. Called only when kernel_isa() is kAvx512 (quant_linear.cc
 // dispatches; trillium/cpu_isa.h detects the CPU).
 #if defined(__x86_64__)
 
@@ -23,12 +24,11 @@ TRILLIUM_TARGET_AVX512_BEGIN
 
 namespace trillium::kernels {
 namespace ql_avx512 {
-// Up to this many rows dequantize into registers; more amortize a dequantized panel. 32 vector
-// registers hold a 4-row tile: a 4-row step (a speculative verify of 3 drafts, a batch of 4)
-// measured 25% faster than through the panel; 6 rows was slower.
-constexpr int64_t kMaxDirectRows = 4;
+// The exact path's tiles are the 512-bit ones (quant_linear_zmm.h), not the 256-bit ones.
+#define TRILLIUM_QL_EXACT_ZMM
 #include "kernels/quant_linear_simd.h"
 #include "kernels/quant_linear_zmm.h"
+#undef TRILLIUM_QL_EXACT_ZMM
 }  // namespace ql_avx512
 }  // namespace trillium::kernels
 

@@ -1,10 +1,11 @@
 // Internal: the block-quantized linear layer's inner loops, written once with AVX2 intrinsics
 // (pmaddubsw integer dot products; the exact path's fp32 panels and register tiles) and compiled
-// once per ISA: quant_linear_<isa>.cc defines kMaxDirectRows and includes this file inside its own
-// namespace and target region (kernels/isa_target.h), after every header it needs (<immintrin.h>,
-// <algorithm>, <cstring>, kernels/quant_linear_impl.h). The AVX-512 build runs the integer path's
-// instructions with 32 vector registers and replaces the exact path by 512-bit tiles
-// (quant_linear_zmm.h); dequant_tile is shared.
+// once per ISA: quant_linear_<isa>.cc includes this file inside its own namespace and target region
+// (kernels/isa_target.h), after every header it needs (<immintrin.h>, <algorithm>, <cstring>,
+// kernels/quant_linear_impl.h). The AVX2 build defines kMaxDirectRows for the exact path's 256-bit
+// tiles; the AVX-512 build defines TRILLIUM_QL_EXACT_ZMM instead, which leaves those tiles out (its
+// exact path is quant_linear_zmm.h, sharing lane_code and dequant_tile from here) and runs the
+// integer path's instructions with 32 vector registers.
 // Every build computes bit-identical results (the same fma order per output).
 //
 // One 32-byte load of packed codes covers 8 output features x 4 consecutive k; the 4 activation
@@ -210,6 +211,7 @@ void dequant_tile(const QuantWeightView& w, int64_t g, int64_t ng, float* panel,
   }
 }
 
+#if !defined(TRILLIUM_QL_EXACT_ZMM)
 // MR rows x NG groups (8 features each) over all of K from the panel; fma order along k as the
 // portable path: acc = fma(w, x, acc).
 template <int MR, int NG>
@@ -334,8 +336,8 @@ void direct_rows(const float* x, int64_t x_stride, const QuantWeightView& w, int
   int64_t g = group_begin;
   // 4 groups wherever the registers allow: 1 or 2 rows of 2 groups are 2 or 4 independent fma
   // chains, which leave the FMA units waiting on latency (2 rows took 1.8x the time of 4); 3 rows
-  // of 4 groups need 30 registers (AVX-512's 32; AVX2's 16 would spill).
-  if constexpr (MR <= 2 || (MR == 3 && kMaxDirectRows >= 4)) {
+  // of 4 groups need 30 registers (AVX2's 16 would spill).
+  if constexpr (MR <= 2) {
     for (; g + 4 <= group_end; g += 4) direct_tile<MR, 4, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
   }
   for (; g + 2 <= group_end; g += 2) direct_tile<MR, 2, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
@@ -348,12 +350,7 @@ void direct_gemm(const float* x, int64_t x_stride, const QuantWeightView& w, int
   switch (rows) {
     case 1: direct_rows<1, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
     case 2: direct_rows<2, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
-    case 3: direct_rows<3, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
-    default:
-      if constexpr (kMaxDirectRows >= 4) {
-        direct_rows<4, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride);
-      }
-      break;
+    default: direct_rows<3, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
   }
 }
 
@@ -393,3 +390,4 @@ void gemm_f32_avx2(const float* x, int64_t x_stride, const QuantWeightView& w, i
     }
   }
 }
+#endif  // !TRILLIUM_QL_EXACT_ZMM

@@ -1,5 +1,6 @@
 // Internal: the exact (fp32-activation) path's register tiles at AVX-512's full width, included by
-// quant_linear_avx512.cc only, inside its namespace and target region, after quant_linear_simd.h.
+// quant_linear_avx512.cc only, inside its namespace and target region, after quant_linear_simd.h
+// (compiled with TRILLIUM_QL_EXACT_ZMM: its 256-bit exact tiles left out).
 //
 // quant_linear_simd.h is written with 256-bit vectors so that one text serves AVX2 and AVX-512;
 // at 8 lanes a row costs one 256-bit fma per 8 weights. With several rows per step (a speculative
@@ -174,9 +175,9 @@ void gemm_f32_avx512(const float* x, int64_t x_stride, const QuantWeightView& w,
                      int64_t group_begin, int64_t group_end, const float* bias, float* out, int64_t out_stride,
                      float* panel) {
   const int64_t rows = row_end - row_begin, K = w.in_features;
-  for (int64_t g = group_begin - group_begin % kQuantTileGroups; g < group_end; g += kQuantTileGroups) {
-    // Work items are whole tiles (quant_linear.cc); the padded groups of the last tile hold zero
-    // codes and their features are never stored.
+  for (int64_t g = group_begin; g < group_end; g += kQuantTileGroups) {
+    // Work items are whole tiles (quant_linear.cc: group_begin starts one); the padded groups of
+    // the last tile hold zero codes and their features are never stored.
     if (rows <= kZmmDirectRows) {
       if (w.bits == 4) {
         zmm_direct_rows<4>(x, x_stride, w, row_begin, rows, g, bias, out, out_stride);
