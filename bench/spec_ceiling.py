@@ -27,13 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 from collections.abc import Callable
 
 from trillium import LLM, SamplingParams
-from trillium.engine.step_costs import _request
-from trillium.protocol import StepInput
+from trillium.engine.step_costs import StepTimer
 from trillium.speculative import DraftDepth, NgramProposer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,25 +40,10 @@ MAX_ROWS = 9
 
 def measure_rows(llm: LLM, context: int, repeats: int) -> dict[int, float]:
     """ms of a step of one request verifying rows - 1 drafts, for rows 1..MAX_ROWS."""
-    runner = llm.engine.runner
-    vocab = runner.config.vocab_size
-    blocks = list(range(-(-(context + MAX_ROWS) // runner.block_size)))
-    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_ROWS)
 
     def run() -> dict[int, float]:
-        prompt = [(7 * i + 11) % vocab for i in range(context)]
-        runner.execute(StepInput(requests=[_request("p", prompt, 0, blocks, greedy)]))
-        costs = {}
-        for rows in range(1, MAX_ROWS + 1):
-            tokens = [(13 * j + 5) % vocab for j in range(rows)]
-            step = StepInput(requests=[_request("r", tokens, context, blocks, greedy, rows - 1)])
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                runner.execute(step)
-                samples.append(time.perf_counter() - start)
-            costs[rows] = statistics.median(samples) * 1e3
-        return costs
+        timer = StepTimer(llm.engine.runner, context, MAX_ROWS)
+        return {rows: timer.median_s(1, rows, repeats) * 1e3 for rows in range(1, MAX_ROWS + 1)}
 
     return llm.engine.step_thread.call(run)
 

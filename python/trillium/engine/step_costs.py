@@ -50,30 +50,39 @@ class StepCosts:
         return [max(v - d, 0.0) / (b * k) / (d / b) for b, d, v in zip(self.batch_sizes, self.decode_s, self.verify_s)]
 
 
+class StepTimer:
+    """Times steps of ``batch`` requests of ``rows`` new tokens each (``rows - 1`` drafts, greedy)
+    over a shared context of ``context`` tokens, which construction prefills once. Every timed
+    request reads the same blocks (and writes its new tokens into the same slots: harmless,
+    nothing reads them back). Use it on the step thread, before any request exists (see above)."""
+
+    def __init__(self, runner: ModelRunner, context: int, max_rows: int) -> None:
+        self.runner, self.context = runner, context
+        self.blocks = list(range(-(-(context + max_rows) // runner.block_size)))
+        self.greedy = SamplingParams(temperature=0.0, max_tokens=max_rows)
+        self.vocab = vocab = runner.config.vocab_size
+        prompt = [(7 * i + 11) % vocab for i in range(context)]
+        runner.execute(StepInput(requests=[_request("p", prompt, 0, self.blocks, self.greedy)]))
+
+    def median_s(self, batch: int, rows: int, repeats: int = REPEATS) -> float:
+        """Median seconds of ``repeats`` such steps (``rows`` at most the ``max_rows`` given)."""
+        tokens = [(13 * j + 5) % self.vocab for j in range(rows)]
+        requests = [_request(f"r{i}", tokens, self.context, self.blocks, self.greedy, rows - 1) for i in range(batch)]
+        step = StepInput(requests=requests)
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self.runner.execute(step)
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
+
+
 def measure_step_costs(runner: ModelRunner, num_speculative_tokens: int, max_batch: int) -> tuple[int, StepCosts]:
     """(threshold, the costs): times batch sizes 1, 2, 4, ... up to ``max_batch`` and stops at
     the first whose break-even reaches ``NEVER_PAYS``: the threshold (``2 * max_batch`` when
     none does)."""
     k = num_speculative_tokens
-    block_size = runner.block_size
-    blocks = list(range(-(-(CONTEXT + k + 1) // block_size)))
-    vocab = runner.config.vocab_size
-    greedy = SamplingParams(temperature=0.0, max_tokens=k + 1)
-    # One prefill fills the shared context; every timed request reads the same blocks (and
-    # writes its new tokens into the same slots: harmless, nothing reads them back).
-    prompt = [(7 * i + 11) % vocab for i in range(CONTEXT)]
-    runner.execute(StepInput(requests=[_request("p", prompt, 0, blocks, greedy)]))
-
-    def timed(batch: int, rows: int) -> float:
-        tokens = [(13 * j + 5) % vocab for j in range(rows)]
-        step = StepInput(requests=[_request(f"r{i}", tokens, CONTEXT, blocks, greedy, rows - 1) for i in range(batch)])
-        samples = []
-        for _ in range(REPEATS):
-            start = time.perf_counter()
-            runner.execute(step)
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
-
+    timed = StepTimer(runner, CONTEXT, k + 1).median_s
     timed(1, 1)  # warm-up: first-touch of the weights and the kernels' scratch
     costs = StepCosts(k, [], [], [])
     batch = 1
