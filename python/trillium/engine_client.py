@@ -173,11 +173,13 @@ class EngineClient:
         messages: list[dict[str, Any]] | None = None,
         add_special_tokens: bool = True,
         add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Encode a prompt (raw text or chat messages). Raises TokenizeError or EngineOverloaded.
 
         ``add_special_tokens`` applies to raw text (BOS); chat messages get the template's own.
-        ``add_generation_prompt`` ends a chat with the assistant turn's header."""
+        ``add_generation_prompt`` ends a chat with the assistant turn's header; ``tools`` are
+        given to a chat template that renders them."""
         result: TokenizeResult = await ask(
             self._tokenizer,
             "tokenizer",
@@ -186,6 +188,7 @@ class EngineClient:
                 messages=messages,
                 add_special_tokens=add_special_tokens,
                 add_generation_prompt=add_generation_prompt,
+                tools=tools,
                 reply=reply,
             ),
         )

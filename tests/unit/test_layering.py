@@ -16,7 +16,7 @@ LAYERS: list[set[str]] = [
     {"_core", "_cuda", "config", "runtime", "protocol"},
     {"ops"},
     {"models"},
-    {"tokenizer", "structured", "engine"},
+    {"tokenizer", "structured", "engine", "tools"},
     {"speculative"},  # the draft-model proposer runs a model through the engine's sampler
     {"scheduler", "metering"},
     {"engine_client"},

@@ -176,6 +176,7 @@ class TokenizeRequest(msgspec.Struct, gc=False, kw_only=True):
     messages: list[dict[str, Any]] | None = None
     add_special_tokens: bool = True  # raw text only: the tokenizer's BOS (chat templates bring their own)
     add_generation_prompt: bool = True  # chat only: end with the assistant turn's header
+    tools: list[dict[str, Any]] | None = None  # chat only: OpenAI ``tools``, for a template that renders them
     reply: Any = None
 
 

@@ -10,13 +10,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from trillium.engine_client import RequestStream, StreamOutput
 from trillium.protocol import FinishReason
+from trillium.tools import ToolCallParser
 
 if TYPE_CHECKING:
     from trillium.tokenizer import Tokenizer
+
+
+class ToolParsing(Protocol):
+    """What :class:`ResponseShape` needs of a request's tool calling (``server/tool_calls.py``)."""
+
+    def new_parser(self) -> ToolCallParser: ...
+
+    def split(self, text: str) -> tuple[str, list[JSONObject]]:
+        """A whole choice's text -> (content, OpenAI ``tool_calls``)."""
+        ...
+
 
 # One (chosen token's logprob, [(token id, logprob)] best first) per token, as the engine gives them.
 TokenLogprobs: TypeAlias = list[tuple[float, list[tuple[int, float]]]]
@@ -119,13 +131,24 @@ class LogprobsFormatter:
 
 
 class ResponseShape:
-    """Builds OpenAI response objects for one request (chat or legacy completions)."""
+    """Builds OpenAI response objects for one request (chat or legacy completions).
 
-    def __init__(self, request_id: str, model: str, chat: bool, logprobs: LogprobsFormatter | None = None) -> None:
+    ``tool_calls`` (chat only) makes a fresh parser per choice: the choice's text is then split
+    into content and ``tool_calls`` (``trillium.tools.parsers``)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        model: str,
+        chat: bool,
+        logprobs: LogprobsFormatter | None = None,
+        tool_calls: ToolParsing | None = None,
+    ) -> None:
         self.request_id = request_id
         self.model = model
         self.chat = chat
         self.logprobs = logprobs
+        self.tool_calls = tool_calls
         self.created = int(time.time())
 
     def _envelope(self, object_: str) -> JSONObject:
@@ -139,6 +162,7 @@ class ResponseShape:
         *,
         first: bool = False,
         logprobs: JSONObject | list[JSONObject] | None = None,
+        tool_calls: list[JSONObject] | None = None,
     ) -> JSONObject:
         if self.chat:
             delta: JSONObject = {}
@@ -146,6 +170,8 @@ class ResponseShape:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             lp = {"content": logprobs} if logprobs is not None else None
             choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
             return {**self._envelope("chat.completion.chunk"), "choices": [choice]}
@@ -165,15 +191,25 @@ class ResponseShape:
         """``choices``: (text, finish_reason, formatted logprobs or None) per index."""
         body: list[JSONObject]
         if self.chat:
-            body = [
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": {"content": lp} if lp is not None else None,
-                    "finish_reason": reason,
-                }
-                for i, (text, reason, lp) in enumerate(choices)
-            ]
+            body = []
+            for i, (text, reason, lp) in enumerate(choices):
+                message: JSONObject = {"role": "assistant", "content": text}
+                if self.tool_calls is not None:
+                    content, calls = self.tool_calls.split(text)
+                    message["content"] = content or None  # OpenAI: null next to tool calls
+                    if calls:
+                        message["tool_calls"] = calls
+                        reason = "tool_calls" if reason == "stop" else reason
+                    else:
+                        message["content"] = content
+                body.append(
+                    {
+                        "index": i,
+                        "message": message,
+                        "logprobs": {"content": lp} if lp is not None else None,
+                        "finish_reason": reason,
+                    }
+                )
             return {**self._envelope("chat.completion"), "choices": body, "usage": usage}
         body = [
             {"index": i, "text": text, "logprobs": lp, "finish_reason": reason}

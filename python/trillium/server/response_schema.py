@@ -15,7 +15,7 @@ import msgspec
 from trillium.protocol.usage import TenantUsage
 
 # Generation ends with one of these; an aborted or failed request is an error response instead.
-FinishReasonName = Literal["stop", "length"]
+FinishReasonName = Literal["stop", "length", "tool_calls"]
 
 
 class ErrorDetail(msgspec.Struct, kw_only=True):
@@ -70,9 +70,21 @@ class CompletionLogprobs(msgspec.Struct, kw_only=True):
     text_offset: list[int]  # where each token starts in the choice's text
 
 
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str  # JSON text of an object
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(msgspec.Struct, kw_only=True):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # None only next to tool_calls
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(msgspec.Struct, kw_only=True):
@@ -91,9 +103,22 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     usage: Usage
 
 
+class FunctionCallDelta(msgspec.Struct, kw_only=True):
+    name: str | None = None  # in the call's first delta
+    arguments: str
+
+
+class ToolCallDelta(msgspec.Struct, kw_only=True):
+    index: int  # the call's position in the choice's tool_calls
+    id: str | None = None  # in the call's first delta
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
 class ChatDelta(msgspec.Struct, kw_only=True):
     role: Literal["assistant"] | None = None  # in each choice's first chunk
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct, kw_only=True):

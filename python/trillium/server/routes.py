@@ -39,12 +39,15 @@ from trillium.server.schema import (
     TokenizeBody,
     chat_logprobs,
     chat_messages,
+    chat_tools,
     completion_logprobs,
     decode_body,
     sampling_params,
     structured_param,
 )
+from trillium.server.tool_calls import ToolCalling
 from trillium.structured import CompiledGrammar, GrammarError
+from trillium.tools import ContentDelta, ToolCallReady, ToolSpecError
 
 T = TypeVar("T")
 
@@ -132,6 +135,14 @@ class Routes:
         self._check_admission(account, body)
         self.limits.check_body(messages=body.messages, logit_bias=body.logit_bias, stop=body.stop)
         messages = chat_messages(body)
+        tools, choice = chat_tools(body)
+        calling = ToolCalling.for_request(self.client.tokenizer, tools, choice, body.parallel_tool_calls)
+        for i, tool in enumerate(tools):
+            self.limits.check_structured(StructuredOutputs(json=tool.parameters), f"tools[{i}].function.parameters")
+        try:
+            messages, template_tools = calling.conversation(messages)
+        except ToolSpecError as exc:
+            raise APIError(str(exc), param=exc.param) from None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         sampling = sampling_params(
             body,
@@ -141,12 +152,32 @@ class Routes:
             logprobs=chat_logprobs(body),
         )
         self._check_structured(body, sampling)
+        if calling.active:
+            sampling = self._tool_sampling(calling, sampling)
         self.limits.check_prompt_chars(messages, "messages")
-        prompt_ids = await self._tokenize(messages=messages)
+        prompt_ids = await self._tokenize(messages=messages, tools=template_tools)
         self._check_length(len(prompt_ids), sampling.max_tokens, "messages")
         self._check_tokens(len(prompt_ids), sampling.max_tokens, body.n)
         sampling = self._limit_tokens(account, sampling, len(prompt_ids), body.n)
-        return await self._run(body, prompt_ids, sampling, account, chat=True)
+        return await self._run(
+            body, prompt_ids, sampling, account, chat=True, tool_calls=calling if calling.active else None
+        )
+
+    def _tool_sampling(self, calling: ToolCalling, sampling: SamplingParams) -> SamplingParams:
+        """The request's sampling with its tool-call grammar (tools/grammar.py)."""
+        if sampling.structured is not None:
+            raise APIError(
+                "response_format and structured_outputs cannot be combined with tools; "
+                'set tool_choice to "none" or leave the tools out',
+                param="tool_choice",
+            )
+        constraint = calling.constraint()
+        self.limits.check_structured(constraint, "tools")
+        return msgspec.structs.replace(
+            sampling,
+            structured=constraint,
+            skip_special_tokens=sampling.skip_special_tokens and not calling.special_tags,
+        )
 
     async def _completions(self, request: Request, account: RequestAccount) -> Response:
         body = decode_body(await request.body(), CompletionRequest)
@@ -258,14 +289,13 @@ class Routes:
         except TokenizeError as exc:
             raise APIError(f"{failure}: {exc}", param=param) from None
 
-    async def _compile_grammar(
-        self, body: ChatCompletionRequest | CompletionRequest, constraint: StructuredOutputs
-    ) -> CompiledGrammar:
-        """Compile the request's output constraint (each choice gets its own matcher from it)."""
+    async def _compile_grammar(self, constraint: StructuredOutputs, param: str) -> CompiledGrammar:
+        """Compile the request's output constraint (each choice gets its own matcher from it);
+        ``param`` is the request field a compile error points at."""
         try:
             return await self.client.compile_grammar(constraint)
         except GrammarError as exc:
-            raise APIError(str(exc), param=structured_param(body), code="invalid_grammar") from None
+            raise APIError(str(exc), param=param, code="invalid_grammar") from None
         except EngineOverloaded as exc:
             raise overloaded(str(exc)) from None
         except ActorFailed as exc:
@@ -324,13 +354,15 @@ class Routes:
         *,
         chat: bool,
         echo: str | None = None,
+        tool_calls: ToolCalling | None = None,
     ) -> Response:
         request_id = account.request_id
         if body.cache_salt is not None and not body.cache_salt:
             raise APIError("cache_salt must be a non-empty string", param="cache_salt")
         grammar = None
         if sampling.structured is not None:
-            grammar = await self._compile_grammar(body, sampling.structured)
+            param = "tools" if tool_calls is not None else structured_param(body)
+            grammar = await self._compile_grammar(sampling.structured, param)
         tenant = self._fair_tenant(account, body)
 
         def open_choice(i: int) -> RequestStream:
@@ -357,7 +389,7 @@ class Routes:
             raise overloaded(str(exc)) from None
         account.fanout = fanout
         formatter = LogprobsFormatter(self.client.tokenizer, chat) if sampling.logprobs is not None else None
-        shape = ResponseShape(request_id, self.client.model_name, chat, formatter)
+        shape = ResponseShape(request_id, self.client.model_name, chat, formatter, tool_calls)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return account.streaming_response(
@@ -453,6 +485,13 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: str |
     return json_response(shape.full(choices, fanout.usage()))
 
 
+def _tool_call_deltas(ready: ToolCallReady) -> list[JSONObject]:
+    """A whole call as OpenAI streams one: its id and name (empty arguments), then the arguments."""
+    call = ready.call
+    head = {"index": ready.index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+    return [head, {"index": ready.index, "function": {"arguments": call.arguments}}]
+
+
 async def _sse_body(
     fanout: ChoiceFanout, shape: ResponseShape, include_usage: bool, echo: str | None, account: RequestAccount
 ) -> AsyncIterator[bytes]:
@@ -462,6 +501,7 @@ async def _sse_body(
     n = fanout.n
     started = [False] * n
     logprobs = [_ChoiceLogprobs(shape.logprobs, len(echo or "")) if shape.logprobs else None for _ in range(n)]
+    parsers = [shape.tool_calls.new_parser() if shape.tool_calls else None for _ in range(n)]
     try:
         while True:
             try:
@@ -487,15 +527,28 @@ async def _sse_body(
                 break
             choice_logprobs = logprobs[i]
             lp = choice_logprobs.add(out.token_ids, out.logprobs) if choice_logprobs is not None else None
-            if out.text or reason is not None or lp:
-                yield sse.event(
-                    shape.chunk(
-                        i,
-                        out.text if out.text else None,
-                        reason.openai_name if reason is not None else None,
-                        logprobs=lp,
-                    )
-                )
+            reason_name = reason.openai_name if reason is not None else None
+            parser = parsers[i]
+            text: str | None = out.text or None
+            if parser is not None:
+                events = parser.feed(out.text) if out.text else []
+                if reason is not None:
+                    events += parser.finish()
+                text = ""
+                for event in events:
+                    if isinstance(event, ContentDelta):
+                        text += event.text
+                        continue
+                    if text:  # content before the call goes first
+                        yield sse.event(shape.chunk(i, text, None))
+                        text = ""
+                    for delta in _tool_call_deltas(event):
+                        yield sse.event(shape.chunk(i, None, None, tool_calls=[delta]))
+                text = text or None
+                if reason == FinishReason.STOP and parser.calls:
+                    reason_name = "tool_calls"
+            if text or reason is not None or lp:
+                yield sse.event(shape.chunk(i, text, reason_name, logprobs=lp))
         account.finish()
         if include_usage:
             yield sse.event(shape.usage_chunk(fanout.usage()))

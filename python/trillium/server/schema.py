@@ -13,6 +13,7 @@ import msgspec
 from trillium.protocol import SamplingParamError, SamplingParams, StructuredOutputs
 from trillium.protocol.messages import MAX_LOGPROBS
 from trillium.server.errors import APIError
+from trillium.tools import FunctionTool, ToolChoice, ToolSpecError
 
 _S = TypeVar("_S", bound=msgspec.Struct)
 
@@ -36,9 +37,46 @@ class ContentPart(msgspec.Struct):
     text: str | None = None
 
 
-class ChatMessage(msgspec.Struct):
+class FunctionCallBody(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str = "{}"  # JSON text of an object, as OpenAI sends it
+
+
+class ToolCallBody(msgspec.Struct, kw_only=True):
+    """An earlier call in an assistant message of the history."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallBody
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
     role: Role
     content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallBody] | None = None  # assistant messages only
+    tool_call_id: str | None = None  # tool messages: the call this result answers
+
+
+class FunctionDefinition(msgspec.Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON Schema of the arguments (an object)
+    strict: bool | None = None  # accepted; arguments always follow the schema when calls are constrained
+
+
+class ToolBody(msgspec.Struct, kw_only=True):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JSONSchemaFormat(msgspec.Struct, kw_only=True):
@@ -99,6 +137,9 @@ class ChatCompletionRequest(_Common, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
+    tools: list[ToolBody] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # default: auto with tools
+    parallel_tool_calls: bool = True
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -143,7 +184,8 @@ def decode_body(body: bytes, kind: type[_S]) -> _S:
 
 
 def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """Messages as plain dicts for the chat template; text parts are joined."""
+    """Messages as plain dicts for the chat template; text parts are joined. An assistant turn's
+    ``tool_calls`` and a tool turn's ``tool_call_id`` are kept (``tools/prompt.py`` renders them)."""
     if not request.messages:
         raise APIError("messages must contain at least one message", param="messages")
     out: list[dict[str, Any]] = []
@@ -153,8 +195,51 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
             if any(p.type != "text" for p in content):
                 raise APIError("only text content parts are supported", param=f"messages[{i}].content")
             content = "".join(p.text or "" for p in content)
-        out.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
+        message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+        if m.tool_calls:
+            if m.role != "assistant":
+                raise APIError("only assistant messages carry tool_calls", param=f"messages[{i}].tool_calls")
+            message["tool_calls"] = [
+                {
+                    "id": c.id or f"call_{i}_{j}",
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
+                for j, c in enumerate(m.tool_calls)
+            ]
+        if m.role == "tool" and m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            message["name"] = m.name
+        out.append(message)
     return out
+
+
+def chat_tools(request: ChatCompletionRequest) -> tuple[list[FunctionTool], ToolChoice]:
+    """The request's function tools and tool choice (OpenAI's default: ``auto`` with tools,
+    ``none`` without)."""
+    try:
+        tools = [
+            FunctionTool(
+                t.function.name,
+                t.function.description,
+                t.function.parameters if t.function.parameters is not None else {"type": "object", "properties": {}},
+            )
+            for t in request.tools or []
+        ]
+        if len({t.name for t in tools}) != len(tools):
+            raise ToolSpecError("tools", "function names must be unique")
+        raw = request.tool_choice
+        if raw is None:
+            choice = ToolChoice("auto" if tools else "none")
+        elif isinstance(raw, NamedToolChoice):
+            choice = ToolChoice("function", raw.function.name)
+        else:
+            choice = ToolChoice(raw)
+        choice.check(tools)
+    except ToolSpecError as exc:
+        raise APIError(str(exc), param=exc.param) from None
+    return tools, choice
 
 
 def sampling_params(

@@ -76,8 +76,9 @@ class TokenizerActor(Actor):
     def encode(self, message: TokenizeRequest) -> list[int]:
         """Chat messages are rendered with the model's template first (its special tokens included)."""
         if message.messages is not None:
+            extra = {"tools": message.tools} if message.tools else {}
             text = self.tokenizer.apply_chat_template(
-                message.messages, add_generation_prompt=message.add_generation_prompt
+                message.messages, add_generation_prompt=message.add_generation_prompt, **extra
             )
             return self.tokenizer.encode(text, add_special_tokens=False)
         assert message.prompt is not None  # EngineClient sets exactly one of prompt and messages

@@ -1,0 +1,68 @@
+"""One chat request's tool calling: its conversation for the template, its grammar, its parsers.
+
+The model's format comes from its chat template (``tools/formats.py``); this binds it to a
+request (tools, ``tool_choice``, ``parallel_tool_calls``) and to the served tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trillium.protocol import StructuredOutputs
+from trillium.tools import (
+    ContentDelta,
+    FunctionTool,
+    ToolCallParser,
+    ToolChoice,
+    ToolFormat,
+    make_parser,
+    prepare_conversation,
+    tool_format,
+    tool_grammar,
+)
+
+if TYPE_CHECKING:
+    from trillium.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ToolCalling:
+    tools: list[FunctionTool]
+    choice: ToolChoice
+    parallel: bool
+    fmt: ToolFormat
+    special_tags: bool  # the call delimiters are special tokens: keep special tokens in the text
+
+    @classmethod
+    def for_request(
+        cls, tokenizer: Tokenizer, tools: list[FunctionTool], choice: ToolChoice, parallel: bool
+    ) -> ToolCalling:
+        fmt = tool_format(tokenizer.chat_template)
+        special = fmt.name == "hermes" and len(tokenizer.encode("<tool_call>", add_special_tokens=False)) == 1
+        return cls(tools, choice, parallel, fmt, special)
+
+    @property
+    def active(self) -> bool:
+        """Whether the model is offered calls (and its output is parsed for them)."""
+        return self.choice.mode != "none" and bool(self.tools)
+
+    def conversation(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """(messages, ``tools`` for the template or None). With ``tool_choice: none`` the tools
+        stay out of the prompt; earlier calls and results are rendered either way."""
+        out, extra = prepare_conversation(messages, self.tools if self.active else [], self.fmt)
+        return out, extra.get("tools")
+
+    def constraint(self) -> StructuredOutputs | None:
+        grammar = tool_grammar(self.tools, self.choice, self.parallel, self.fmt, special_tags=self.special_tags)
+        return StructuredOutputs(grammar=grammar) if grammar is not None else None
+
+    def new_parser(self) -> ToolCallParser:
+        return make_parser(self.fmt, frozenset(t.name for t in self.tools))
+
+    def split(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        """A whole choice's text -> (content, OpenAI ``tool_calls``): the streaming parser, fed once."""
+        parser = self.new_parser()
+        events = parser.feed(text) + parser.finish()
+        content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+        return content, [call.openai() for call in parser.calls]
