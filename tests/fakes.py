@@ -15,6 +15,9 @@ class FakeExecutor:
     must not change any output. A speculating request's drafts are accepted while each equals
     the token of its position; its K/V is kept up to the accepted run (the scheduler rolls the
     rest back).
+
+    Prompt logprobs: the row of position p gives ``fake_prompt_logprob(p + 1, token)`` for the
+    prompt token it predicts, so a test sees which positions were reported, in which order.
     """
 
     def __init__(self, block_size: int, vocab: int = 1000, eos_at: dict[str, int] | None = None) -> None:
@@ -26,6 +29,10 @@ class FakeExecutor:
         self.steps: list[StepInput] = []
         self.eos_at = eos_at or {}  # request id -> position at which to emit token 0
         self.num_resets = 0
+
+    @staticmethod
+    def fake_prompt_logprob(position: int, token_id: int) -> tuple[float, list[tuple[int, float]]]:
+        return -float(position), [(token_id, -float(position))]
 
     @staticmethod
     def token_at(position: int, vocab: int = 1000) -> int:
@@ -71,7 +78,14 @@ class FakeExecutor:
             else:
                 out.append(-1)
         speculated = any(r.num_draft_tokens for r in step_input.requests)
-        return StepOutput(out, None, accepted if speculated else None)
+        prompt_logprobs = [
+            None
+            if r.prompt_logprob_token_ids is None
+            else [self.fake_prompt_logprob(r.start_pos + 1 + j, t) for j, t in enumerate(r.prompt_logprob_token_ids)]
+            for r in step_input.requests
+        ]
+        asked = any(lp is not None for lp in prompt_logprobs)
+        return StepOutput(out, None, accepted if speculated else None, None, prompt_logprobs if asked else None)
 
     def _verify(self, r: ScheduledRequest) -> int:
         """Drafts accepted: draft j sits at position start_pos + 1 + j and must be that

@@ -305,7 +305,16 @@ class EngineClient:
 
 @dataclasses.dataclass
 class StreamOutput:
-    """What one iteration of a :class:`RequestStream` adds."""
+    """What one iteration of a :class:`RequestStream` adds.
+
+    ``prompt_logprobs`` is set on the stream's first output only, when the request's sampling
+    params asked for them (``SamplingParams.prompt_logprobs``) and its prefill completed (not on
+    an output that ends the request before its first token, e.g. an error): aligned with the
+    prompt's token ids, entry p the (logprob of prompt token p given tokens 0 .. p-1, [(token
+    id, logprob)] top k best first) and entry 0 None (nothing precedes the first token), as
+    OpenAI's ``echo`` and vLLM's ``prompt_logprobs`` report them. :attr:`RequestStream.prompt_logprobs`
+    keeps the same list.
+    """
 
     text: str  # new text; always whole UTF-8 characters, never part of a stop string
     token_ids: list[int]  # new token ids
@@ -313,6 +322,7 @@ class StreamOutput:
     error: str | None = None
     # One (chosen logprob, [(token id, logprob)] best first) per new token id, when asked.
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
 
 
 class RequestStream:
@@ -344,6 +354,8 @@ class RequestStream:
         self.last_token_time: float | None = None
         self.inter_token_seconds: list[float] = []
         self.queue_time: float | None = None
+        # With ``sampling.prompt_logprobs``: set when the first delta arrives (see StreamOutput).
+        self.prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
         self._mailbox = mailbox
         self._engine_done = False  # the engine finished or was told to abort
         self._on_end = on_end  # called once, when the engine is done with the request
@@ -369,6 +381,9 @@ class RequestStream:
         if delta.queue_time is not None:
             self.queue_time = delta.queue_time
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
+        prompt_logprobs = None
+        if delta.prompt_logprobs is not None:
+            prompt_logprobs = self.prompt_logprobs = [None, *delta.prompt_logprobs]
         reason = delta.finish_reason
         self._engine_done = reason is not None
         if self._engine_done:
@@ -384,7 +399,7 @@ class RequestStream:
         elif reason is not None:
             text += self._stop.flush()
         self.finish_reason = reason
-        return StreamOutput(text, delta.token_ids, reason, delta.error, delta.logprobs)
+        return StreamOutput(text, delta.token_ids, reason, delta.error, delta.logprobs, prompt_logprobs)
 
     def _time_tokens(self, num_tokens: int) -> None:
         now = time.monotonic()

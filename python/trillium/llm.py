@@ -30,6 +30,9 @@ class RequestOutput:
     # With ``SamplingParams(logprobs=k)``: per output token, (its logprob, [(token id, logprob)] of
     # the k most likely, best first).
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    # With ``SamplingParams(prompt_logprobs=k)``: per prompt token, (its logprob given the tokens
+    # before it, [(token id, logprob)] of the k most likely there, best first); None for the first.
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
 
 
 class LLM:
@@ -90,17 +93,26 @@ class LLM:
                 stream = client.open_stream(client.new_request_id("offline"), prompt_ids, sampling, grammar=grammar)
                 text, ids = [], []
                 logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+                prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
                 async for out in stream:
                     text.append(out.text)
                     ids.extend(out.token_ids)
                     if out.logprobs is not None:
                         logprobs = (logprobs or []) + out.logprobs
+                    if out.prompt_logprobs is not None:  # the first output's
+                        prompt_logprobs = out.prompt_logprobs
                     if out.error:
                         raise RuntimeError(out.error)
                 assert stream.finish_reason is not None  # the stream only ends once it has a reason
                 prompt = kwargs["prompt"] if "prompt" in kwargs else kwargs["messages"]
                 results[i] = RequestOutput(
-                    prompt, "".join(text), ids, prompt_ids, stream.finish_reason.openai_name, logprobs
+                    prompt,
+                    "".join(text),
+                    ids,
+                    prompt_ids,
+                    stream.finish_reason.openai_name,
+                    logprobs,
+                    prompt_logprobs,
                 )
 
             async with trio.open_nursery() as requests:

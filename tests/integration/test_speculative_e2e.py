@@ -127,6 +127,26 @@ def test_penalties_logprobs_and_grammar_speculate_and_match_plain_decoding(engin
     assert _blocks_all_back(spec)
 
 
+def test_prompt_logprobs_with_speculation_equal_plain_decoding(engines) -> None:
+    """Prompt logprobs are the prefill's: a request asking for them still speculates while it
+    decodes, and its prompt logprobs and tokens equal plain decoding's."""
+    plain, spec = engines
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, prompt_logprobs=2)
+    stats = spec.engine.scheduler.policy.spec_stats
+    for prompt in COPY[:2]:
+        want = plain.generate(prompt, params)[0]
+        before = stats.num_drafts
+        got = spec.generate(prompt, params)[0]
+        assert got.token_ids == want.token_ids
+        assert stats.num_drafts > before  # it really speculated
+        assert got.prompt_logprobs is not None and want.prompt_logprobs is not None
+        assert len(got.prompt_logprobs) == len(got.prompt_token_ids) and got.prompt_logprobs[0] is None
+        for (g_lp, g_top), (w_lp, w_top) in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:]):
+            assert g_lp == pytest.approx(w_lp, abs=1e-4)
+            assert [t for t, _ in g_top] == [t for t, _ in w_top]
+    assert _blocks_all_back(spec)
+
+
 def test_step_costs_are_measured_at_start_up(engines) -> None:
     """With speculation on, the engine times verify against decode steps at start-up: per batch
     size, the chance of acceptance a draft needs to pay for its row, and, with

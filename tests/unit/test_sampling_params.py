@@ -24,6 +24,8 @@ BAD = [
     ("seed", 2**64),
     ("seed", -(2**63) - 1),
     ("logprobs", 21),
+    ("prompt_logprobs", 21),
+    ("prompt_logprobs", -1),
     ("logit_bias", {5: 200.0}),
 ]
 
@@ -53,10 +55,12 @@ def test_edges_are_accepted():
         frequency_penalty=2.0,
         seed=2**64 - 1,
         logprobs=20,
+        prompt_logprobs=20,
         logit_bias={0: -100.0},
         stop=["x"] * 16,
     )
     SamplingParams(seed=-(2**63))
+    SamplingParams(logprobs=0, prompt_logprobs=0)
 
 
 def test_vocabulary_checks():

@@ -15,7 +15,7 @@ import trio.testing
 
 from tests.fakes import FakeExecutor
 from trillium import _core
-from trillium.protocol import AbortRequest, AddRequest, FinishReason, SamplingParams
+from trillium.protocol import AbortRequest, AddRequest, FinishReason, SamplingParams, TokenDelta
 from trillium.runtime import Mailbox, MailboxClosed, Supervisor, open_inbox
 from trillium.scheduler import SchedulerConfig
 from trillium.scheduler.actor import SchedulerActor, merge_deltas
@@ -183,6 +183,25 @@ async def test_slow_consumer_gets_merged_deltas():
             await settle(actor)  # every step has finished before we read
         delta = await box.get()
         assert len(delta.token_ids) == 20 and delta.finish_reason == FinishReason.LENGTH
+        nursery.cancel_scope.cancel()
+
+
+async def test_prompt_logprobs_survive_the_merge_of_a_slow_consumers_deltas():
+    first = TokenDelta("r", [1], num_prompt_tokens=2, prompt_logprobs=[(-1.5, [(9, -0.5)])])
+    merged = merge_deltas(merge_deltas(first, TokenDelta("r", [2])), TokenDelta("r", [3], FinishReason.LENGTH))
+    assert merged.token_ids == [1, 2, 3] and merged.prompt_logprobs == [(-1.5, [(9, -0.5)])]
+    assert merge_deltas(TokenDelta("r", []), first).prompt_logprobs == first.prompt_logprobs
+    async with trio.open_nursery() as nursery:
+        send, _, _, actor = await start(nursery, executor=SlowExecutor(BLOCK, delay=0.001))
+        box = Mailbox(merge_deltas)
+        prompt = list(range(50, 59))
+        sampling = SamplingParams(max_tokens=5, prompt_logprobs=1)
+        send.send_nowait(AddRequest(request_id="p", prompt_token_ids=prompt, sampling=sampling, reply=box))
+        with trio.fail_after(10):
+            await settle(actor)
+        delta = await box.get()  # every delta of the request, merged
+        assert len(delta.token_ids) == 5 and delta.finish_reason == FinishReason.LENGTH
+        assert delta.prompt_logprobs == [FakeExecutor.fake_prompt_logprob(p, prompt[p]) for p in range(1, 9)]
         nursery.cancel_scope.cancel()
 
 

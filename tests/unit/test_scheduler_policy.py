@@ -201,3 +201,78 @@ def test_cached_blocks_are_evicted_before_requests_are_refused():
         assert reasons[f"r{i}"] == FinishReason.LENGTH
     assert policy.kv.tree.num_evicted_blocks > 0
     assert idle(policy)
+
+
+def collect_updates(policy, executor, max_steps=10_000):
+    """Run to the end; every update of every request, in order."""
+    updates: dict[str, list] = {}
+    for _ in range(max_steps):
+        if not policy.has_work():
+            return updates
+        plan = policy.schedule()
+        for update in policy.update(plan, executor.execute(plan.step_input)):
+            updates.setdefault(update.request.request_id, []).append(update)
+        policy.kv.check_invariants()
+    raise AssertionError("did not finish")
+
+
+def expected_prompt_logprobs(prompt):
+    return [FakeExecutor.fake_prompt_logprob(p, prompt[p]) for p in range(1, len(prompt))]
+
+
+def test_prompt_logprobs_span_every_chunk_skip_the_prefix_cache_and_come_with_the_first_token():
+    policy, _, executor = make(prefix_cache=True, max_tokens_per_step=5)
+    prompt = list(range(500, 517))  # 17 tokens: four chunks of 5 (the last one samples)
+    policy.add(Request("warm", list(prompt), SamplingParams(max_tokens=2), 2))
+    run_until_done(policy, executor)
+    assert policy.kv.num_cached_blocks == 4  # the whole prompt but its last token is cached
+    asked = Request("asked", list(prompt), SamplingParams(max_tokens=3, prompt_logprobs=2), 3)
+    policy.add(asked)
+    first = len(executor.steps)
+    updates = collect_updates(policy, executor)["asked"]
+    assert asked.num_cached_tokens == 0 and "asked" not in executor.reused  # nothing reused
+    chunks = [r for s in executor.steps[first:] for r in s.requests if r.start_pos < len(prompt)]
+    assert [r.start_pos for r in chunks] == [0, 5, 10, 15]
+    # each chunk names the prompt tokens its rows predict; the last prompt token's row samples
+    assert [r.prompt_logprob_token_ids for r in chunks] == [prompt[1:6], prompt[6:11], prompt[11:16], prompt[16:17]]
+    assert all(r.prompt_logprob_token_ids is None for s in executor.steps[first:] for r in s.requests[len(chunks) :])
+    assert updates[0].new_token_ids == expected_output(17, 1)
+    assert updates[0].prompt_logprobs == expected_prompt_logprobs(prompt)
+    assert all(u.prompt_logprobs is None for u in updates[1:])
+    assert asked.pending_prompt_logprobs is None
+    # its blocks went into the cache as usual: a later plain request reuses them
+    again = Request("again", list(prompt), SamplingParams(max_tokens=1), 1)
+    policy.add(again)
+    run_until_done(policy, executor)
+    assert again.num_cached_tokens == 16
+
+
+def test_prompt_logprobs_of_a_one_token_prompt_are_empty_and_none_unless_asked():
+    policy, _, executor = make()
+    policy.add(Request("one", [7], SamplingParams(max_tokens=2, prompt_logprobs=0), 2))
+    policy.add(req("plain", 9, max_tokens=2))
+    updates = collect_updates(policy, executor)
+    assert updates["one"][0].prompt_logprobs == []
+    assert all(u.prompt_logprobs is None for u in updates["plain"])
+    assert all(r.prompt_logprob_token_ids is None for s in executor.steps for r in s.requests)
+
+
+def test_preemption_in_the_middle_of_a_prefill_recomputes_its_prompt_logprobs():
+    # 8 blocks of 4: "a" decodes from 13 to 24 tokens while "b" (prompt logprobs) prefills 3
+    # tokens a step; "b", the newest, is preempted mid-prefill, then readmitted and computed
+    # from position 0 (its blocks cached meanwhile are not reused).
+    policy, _, executor = make(num_blocks=8, prefix_cache=True, max_tokens_per_step=4)
+    policy.add(req("a", 12, max_tokens=12))
+    plan = policy.schedule()
+    policy.update(plan, executor.execute(plan.step_input))
+    b = req("b", 16, max_tokens=2, prompt_logprobs=1)
+    policy.add(b)
+    updates = collect_updates(policy, executor)
+    assert policy.num_preemptions > 0
+    b_chunks = [r for s in executor.steps for r in s.requests if r.request_id == "b"]
+    restarts = [k for k, r in enumerate(b_chunks) if r.start_pos == 0]
+    assert len(restarts) >= 2 and b_chunks[restarts[1] - 1].start_pos + len(b_chunks[restarts[1] - 1].token_ids) < 16
+    assert updates["b"][0].prompt_logprobs == expected_prompt_logprobs(b.prompt_token_ids)
+    assert [u.prompt_logprobs is None for u in updates["b"]] == [False] + [True] * (len(updates["b"]) - 1)
+    assert [t for u in updates["b"] for t in u.new_token_ids] == expected_output(16, 2)
+    assert idle(policy)

@@ -6,7 +6,16 @@ from __future__ import annotations
 import pytest
 
 from tests.fakes import FakeExecutor
-from tests.unit.test_scheduler_policy import BLOCK, expected_output, idle, make, req, run_until_done
+from tests.unit.test_scheduler_policy import (
+    BLOCK,
+    collect_updates,
+    expected_output,
+    expected_prompt_logprobs,
+    idle,
+    make,
+    req,
+    run_until_done,
+)
 from trillium.config import EngineConfig, SpeculativeConfig
 from trillium.protocol import FinishReason, SamplingParams
 from trillium.scheduler import Request
@@ -63,6 +72,23 @@ def test_verified_tokens_only_same_output_fewer_steps_no_leak(wrong_at, prefix_c
     assert idle(policy)
     policy.kv.check_invariants()
     assert policy.proposer.forgotten == ["a"]
+
+
+def test_a_request_with_prompt_logprobs_speculates_from_its_last_prompt_token():
+    """A budget of 8 leaves the 9-token prompt's last token for a step of its own, which drafts
+    (num_computed == num_tokens - 1): the prompt logprobs come whole with its first tokens."""
+    policy, _allocator, executor = speculating(max_tokens_per_step=8)
+    a = greq("a", 9, max_tokens=12, prompt_logprobs=3)
+    policy.add(a)
+    updates = collect_updates(policy, executor)["a"]
+    last_prompt = executor.steps[1].requests[0]
+    assert (last_prompt.start_pos, last_prompt.num_draft_tokens) == (8, 4)
+    assert last_prompt.prompt_logprob_token_ids is None  # its row predicts the output
+    assert updates[0].new_token_ids == expected_output(9, 5)  # four drafts and the model's token
+    assert updates[0].prompt_logprobs == expected_prompt_logprobs(a.prompt_token_ids)
+    assert all(u.prompt_logprobs is None for u in updates[1:])
+    assert [t for u in updates for t in u.new_token_ids] == expected_output(9, 12)
+    assert idle(policy)
 
 
 def test_rejected_positions_are_rolled_back_and_their_blocks_freed():

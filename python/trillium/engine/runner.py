@@ -8,6 +8,11 @@ then depends on neither the batch nor speculation, which verifies several positi
 With a draft model (``speculative.draft``, set as :attr:`ModelRunner.drafter`), a speculating
 request arrives with placeholder drafts; the drafter fills them in (maybe fewer) before the
 forward, and the step's output lists the drafts that were verified.
+
+Prompt logprobs (``ScheduledRequest.prompt_logprob_token_ids``): the rows of a prompt chunk go
+through the same output head as sampled rows, then a plain fp32 log-softmax (no sampling
+parameter or grammar mask applies), a bounded number of rows at a time; only each row's
+logprob of the next prompt token and its top k leave the step.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ from trillium.engine.verify import position_generator, verify_drafts
 from trillium.models import LlamaForCausalLM, ModelConfig
 from trillium.ops.attention import AttentionMetadata
 from trillium.protocol import ScheduledRequest, StepInput, StepOutput
+
+# Prompt rows whose logits are taken at once: bounds the [rows, V] fp32 temporaries (a whole
+# 2048-token chunk of a 49k vocabulary would be 400 MB a copy).
+PROMPT_LOGPROBS_ROWS = 128
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -152,7 +161,40 @@ class ModelRunner:
                 logprobs = logprobs or [None] * len(requests)
                 for i, lp in zip(sample_rows, result.logprobs):
                     logprobs[i] = None if lp is None else [lp]
-        return StepOutput(sampled, logprobs, num_accepted, draft_token_ids)
+        prompt_logprobs = self._prompt_logprobs(hidden, requests, meta.query_start_loc[:-1].tolist())
+        return StepOutput(sampled, logprobs, num_accepted, draft_token_ids, prompt_logprobs)
+
+    def _prompt_logprobs(
+        self,
+        hidden: torch.Tensor,  # [T, hidden]
+        requests: Sequence[ScheduledRequest],
+        starts: list[int],  # each request's first row in ``hidden``
+    ) -> list[list[TopLogprobs] | None] | None:
+        """Per request, (logprob, top k) of each token of its ``prompt_logprob_token_ids``, the
+        token its row predicts: None for requests that asked none, None when none asked."""
+        asked = [i for i, r in enumerate(requests) if r.prompt_logprob_token_ids]
+        if not asked:
+            return None
+        out: list[list[TopLogprobs] | None] = [None] * len(requests)
+        for i in asked:
+            targets = requests[i].prompt_logprob_token_ids
+            assert targets is not None
+            k = requests[i].sampling.prompt_logprobs or 0
+            entries: list[TopLogprobs] = []
+            for a in range(0, len(targets), PROMPT_LOGPROBS_ROWS):
+                chunk = targets[a : a + PROMPT_LOGPROBS_ROWS]
+                rows = hidden[starts[i] + a : starts[i] + a + len(chunk)]
+                logp = torch.log_softmax(self.model.compute_logits(rows).float(), dim=-1)  # [n, V]
+                ids = torch.tensor(chunk, dtype=torch.long, device=logp.device)
+                chosen = logp.gather(1, ids.unsqueeze(1)).squeeze(1).tolist()
+                if k > 0:
+                    top_vals, top_ids = logp.topk(k, dim=-1)  # [n, k]
+                    tops = [list(zip(t, v)) for t, v in zip(top_ids.tolist(), top_vals.tolist())]
+                else:
+                    tops = [[] for _ in chunk]
+                entries.extend(zip(chosen, tops))
+            out[i] = entries
+        return out
 
     def _fill_drafts(
         self, requests: list[ScheduledRequest]

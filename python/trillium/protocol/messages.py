@@ -68,6 +68,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     logit_bias: dict[int, float] = msgspec.field(default_factory=dict)
     min_tokens: int = 0  # EOS and stop token ids are ignored before this many output tokens
     logprobs: int | None = None  # None: off; k >= 0: chosen token's logprob plus top k
+    # None: off; k >= 0: each prompt token's logprob given the tokens before it (the model's raw
+    # log-softmax: no bias, penalties, temperature or grammar) plus the top k at its position.
+    # Such a request computes its whole prompt (no prefix-cache reuse).
+    prompt_logprobs: int | None = None
     structured: StructuredOutputs | None = None  # output constraint (JSON Schema, regex, choice, grammar)
 
     @property
@@ -100,6 +104,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise SamplingParamError("seed", f"must be between {SEED_MIN} and {SEED_MAX}, got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise SamplingParamError("logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise SamplingParamError(
+                "prompt_logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}"
+            )
         for token_id, bias in self.logit_bias.items():
             if not -100.0 <= bias <= 100.0:
                 raise SamplingParamError(
@@ -151,6 +159,10 @@ class TokenDelta(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
 
     The last delta of a request carries ``finish_reason``; ``error`` is set only with
     ``FinishReason.ERROR``. Several deltas may be merged by the mailbox when a client is slow.
+    ``prompt_logprobs`` (when the request asked for them) come once, in the request's first
+    delta (its prefill is complete then): one entry per prompt position 1 .. P-1, the logprob of
+    that prompt token given the ones before it and the top alternatives there (position 0 has
+    nothing before it, so no entry).
     """
 
     request_id: str
@@ -163,6 +175,8 @@ class TokenDelta(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     # (logprob of the chosen token, [(top token id, logprob), ...] best first)
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     queue_time: float | None = None  # seconds from arrival to the request's first step, once it had one
+    # (logprob of prompt token p, [(top token id, logprob), ...] best first) for p = 1 .. P-1
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 class TokenizeRequest(msgspec.Struct, gc=False, kw_only=True):

@@ -37,6 +37,10 @@ class ScheduledRequest(msgspec.Struct, gc=False, kw_only=True):
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None
     num_draft_tokens: int = 0
+    # Prompt logprobs (``sampling.prompt_logprobs``) still owed: the m prompt tokens this step's
+    # first m rows predict (rows start_pos .. start_pos+m-1 predict tokens start_pos+1 .. +m; the
+    # row of the last prompt token predicts the output, so it is never one of them). None: none.
+    prompt_logprob_token_ids: list[int] | None = None
 
 
 class StepInput(msgspec.Struct, gc=False, kw_only=True):
@@ -62,9 +66,14 @@ class StepOutput(msgspec.Struct, gc=False):
     ``draft_token_ids[i]`` (None when the step's drafts are the scheduler's own): the drafts a
     draft model put in request i's placeholder slots, the ones verified; maybe fewer than the
     slots (its KV pool was full), maybe none (then the request decoded one token).
+
+    ``prompt_logprobs[i]`` (None when no request asked): for request i's
+    ``prompt_logprob_token_ids``, in order, (that token's logprob, [(token id, logprob)] top
+    ``sampling.prompt_logprobs`` best first), from the model's raw log-softmax.
     """
 
     sampled_token_ids: list[int]
     logprobs: list[list[tuple[float, list[tuple[int, float]]]] | None] | None = None
     num_accepted_drafts: list[int] | None = None
     draft_token_ids: list[list[int] | None] | None = None
+    prompt_logprobs: list[list[tuple[float, list[tuple[int, float]]]] | None] | None = None

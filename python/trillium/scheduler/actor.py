@@ -57,7 +57,8 @@ class Executor(Protocol):
 
 
 def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
-    """Mailbox merge: a slow client gets the tokens of several steps in one delta."""
+    """Mailbox merge: a slow client gets the tokens of several steps in one delta (prompt
+    logprobs come in one delta only, the request's first: kept from whichever has them)."""
     return TokenDelta(
         request_id=old.request_id,
         token_ids=old.token_ids + new.token_ids,
@@ -67,6 +68,7 @@ def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
         num_cached_tokens=new.num_cached_tokens,
         logprobs=None if old.logprobs is None and new.logprobs is None else (old.logprobs or []) + (new.logprobs or []),
         queue_time=new.queue_time,
+        prompt_logprobs=old.prompt_logprobs if old.prompt_logprobs is not None else new.prompt_logprobs,
     )
 
 
@@ -310,6 +312,7 @@ class SchedulerActor(Actor):
                 num_cached_tokens=request.num_cached_tokens or 0,
                 logprobs=update.logprobs,
                 queue_time=request.first_scheduled_time - request.arrival_time,
+                prompt_logprobs=update.prompt_logprobs,
             )
         )
         if update.finish_reason is not None:

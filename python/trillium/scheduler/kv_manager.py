@@ -68,9 +68,10 @@ class KVBlockManager:
 
         The hit is capped at ``num_tokens - 1`` so that the last token is always computed and
         its logits sampled. Sets ``block_ids``, ``num_computed_tokens`` and, on first admission,
-        ``num_cached_tokens``.
+        ``num_cached_tokens``. A request still owed prompt logprobs reuses nothing: it must
+        compute every prompt position's logits (its blocks are still cached as it computes them).
         """
-        if self.tree is None or request.block_ids:
+        if self.tree is None or request.block_ids or request.pending_prompt_logprobs is not None:
             return
         tokens = request.token_ids_slice(0, request.num_tokens - 1)
         match = self.tree.match(request.cache_namespace, tokens, lock=True)

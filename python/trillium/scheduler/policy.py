@@ -14,8 +14,14 @@ requests that needed them). Running slots are shared the same way: when all ``ma
 are taken and a waiting tenant runs fewer than its share (``max_running`` / tenants running or
 waiting), the tenant running the most gives up one request for it (queue order alone would
 make it wait for a slot to free, a whole generation when a flood's requests end together).
-At admission a request first reuses the longest cached prefix of its tokens. The waiting
-queue's bound is held at the front door (``EngineClient``).
+At admission a request first reuses the longest cached prefix of its tokens (not one owed
+prompt logprobs: it computes its whole prompt). The waiting queue's bound is held at the front
+door (``EngineClient``).
+
+Prompt logprobs: each prompt chunk of a request that asked for them names the prompt tokens its
+rows predict (``ScheduledRequest.prompt_logprob_token_ids``); the executor's results are
+collected on the request (``pending_prompt_logprobs``) and delivered all at once with its first
+token. A preemption before then drops what was collected (the recompute computes it again).
 
 Speculation (``SpeculativeConfig``): while fewer than ``disable_by_batch_size`` requests run, a
 decoding request asks the proposer for up to k drafts (with a grammar: cut to the longest run
@@ -76,6 +82,9 @@ class RequestUpdate:
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None  # one (chosen logprob, top
     #                                                                      alternatives) per new token
     error: str | None = None  # with FinishReason.ERROR: what went wrong
+    # With the first token of a request that asked for prompt logprobs: one entry per prompt
+    # position 1 .. P-1 (see protocol.TokenDelta).
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 class SchedulerPolicy:
@@ -211,11 +220,15 @@ class SchedulerPolicy:
         updates: list[RequestUpdate] = []
         logprobs = output.logprobs or [None] * len(output.sampled_token_ids)
         accepted = output.num_accepted_drafts or [0] * len(output.sampled_token_ids)
-        for i, ((request, num_new), token_id, lp, num_accepted) in enumerate(
-            zip(plan.scheduled, output.sampled_token_ids, logprobs, accepted)
+        prompt_logprobs = output.prompt_logprobs or [None] * len(output.sampled_token_ids)
+        for i, ((request, num_new), token_id, lp, num_accepted, prompt_lp) in enumerate(
+            zip(plan.scheduled, output.sampled_token_ids, logprobs, accepted, prompt_logprobs)
         ):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted or aborted while the step ran
+            pending = request.pending_prompt_logprobs
+            if pending is not None and prompt_lp is not None:
+                pending.extend(prompt_lp)
             drafts = plan.drafts.get(request.request_id)
             if not drafts:
                 request.num_computed_tokens += num_new
@@ -237,12 +250,15 @@ class SchedulerPolicy:
                 self._roll_back(request, num_new - (num_slots - num_accepted))
             if lp is not None:
                 lp = lp[: len(new_token_ids)]  # none for tokens after a stop (nor for forced ones)
+            if pending is not None:  # the prefill is complete: its first token came
+                assert len(pending) == request.num_prompt_tokens - 1, (len(pending), request)
+                request.pending_prompt_logprobs = None
             if reason is None and request.matcher is not None:
                 reason, error = self._jump_forward(request, new_token_ids)
             if reason is not None:
                 self.running.remove(request)
                 self._finish(request, reason)
-            updates.append(RequestUpdate(request, new_token_ids, reason, lp, error))
+            updates.append(RequestUpdate(request, new_token_ids, reason, lp, error, pending))
         return updates
 
     def take_finished(self) -> list[str]:
@@ -256,6 +272,8 @@ class SchedulerPolicy:
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.kv.release(request)  # its computed blocks stay cached: readmission recomputes little
+        if request.pending_prompt_logprobs is not None:
+            request.pending_prompt_logprobs.clear()  # its prompt is computed again from position 0
         request.status = RequestStatus.WAITING
         self.num_preemptions += 1
         self.waiting.readd(request)
@@ -405,6 +423,10 @@ class SchedulerPolicy:
         sample = end == request.num_tokens
         # A draft model drafts from the whole context (speculative.draft).
         history = sample and (request.sampling.needs_history or bool(drafts and isinstance(self.proposer, DraftSlots)))
+        # Rows start .. last-1 predict prompt tokens start+1 .. last (the last prompt token's row
+        # predicts the output).
+        last = min(end, request.num_prompt_tokens - 1)
+        owed = request.pending_prompt_logprobs is not None and last > start
         return ScheduledRequest(
             request_id=request.request_id,
             token_ids=request.token_ids_slice(start, end) + drafts if drafts else request.token_ids_slice(start, end),
@@ -415,4 +437,5 @@ class SchedulerPolicy:
             sampling=request.sampling,
             prompt_token_ids=request.prompt_token_ids if history else None,
             output_token_ids=list(request.output_token_ids) if history else None,
+            prompt_logprob_token_ids=request.prompt_token_ids[start + 1 : last + 1] if owed else None,
         )

@@ -21,6 +21,9 @@ class Request:
     ``num_computed_tokens`` counts tokens whose K/V are in the request's blocks; each step
     moves it towards ``num_tokens`` (prompt + output so far). A request samples a new token
     only when a step brings it level with ``num_tokens``.
+
+    A request owed prompt logprobs (``pending_prompt_logprobs`` not None) computes every prompt
+    position (no prefix-cache reuse) and collects them chunk by chunk until its first token.
     """
 
     __slots__ = (
@@ -43,6 +46,7 @@ class Request:
         "matcher",
         "tenant",
         "priority",
+        "pending_prompt_logprobs",
     )
 
     def __init__(
@@ -77,6 +81,11 @@ class Request:
         self.matcher = matcher  # structured.GrammarMatcher of a constrained request, advanced per kept token
         self.tenant = tenant  # whose share of the waiting queue and running slots it uses (fair_queue.py)
         self.priority = priority  # inside its tenant: lower goes first (vLLM's ``priority``)
+        # While prompt logprobs are owed (asked for, prefill not finished): those of prompt
+        # positions 1 .. computed so far, delivered with the first token; None otherwise.
+        self.pending_prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = (
+            [] if sampling.prompt_logprobs is not None else None
+        )
 
     @property
     def num_tokens(self) -> int:
