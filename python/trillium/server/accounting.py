@@ -73,8 +73,9 @@ class Accounting:
         self.quotas = Quotas(access.limits) if access is not None else None
         self.sink = sink
 
-    def admit(self, request: Request, *, chat: bool) -> RequestAccount:
-        """Authenticate and admit a new request. Raises APIError (401, 429, 503)."""
+    def admit(self, request: Request, *, chat: bool, endpoint: str | None = None) -> RequestAccount:
+        """Authenticate and admit a new request. Raises APIError (401, 429, 503). ``endpoint``
+        (``responses``) overrides the ledger's endpoint name and the id's prefix that ``chat`` picks."""
         tenant = self.auth.tenant(request)
         if self.sink is not None and not self.sink.has_room():
             raise overloaded("the usage ledger is behind; retry shortly")
@@ -87,8 +88,9 @@ class Accounting:
                 raise rate_limited(exc) from None
         if self.sink is not None:
             self.sink.admit()
-        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        return RequestAccount(self, request_id, tenant, quota, "chat" if chat else "completions")
+        endpoint = endpoint or ("chat" if chat else "completions")
+        prefix = {"chat": "chatcmpl-", "completions": "cmpl-", "responses": "resp_"}[endpoint]
+        return RequestAccount(self, f"{prefix}{uuid.uuid4().hex}", tenant, quota, endpoint)
 
 
 class RequestAccount:

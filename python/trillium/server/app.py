@@ -22,6 +22,8 @@ from trillium.server.errors import APIError
 from trillium.server.limits import BodySizeLimit, InputLimits
 from trillium.server.openapi import openapi_route
 from trillium.server.ops_routes import OpsRoutes
+from trillium.server.response_store import ResponseStore
+from trillium.server.responses import ResponsesRoutes
 from trillium.server.routes import Routes, json_response
 
 log = logging.getLogger("trillium.server")
@@ -91,6 +93,7 @@ def build_app(
         accounting = Accounting(client.model_name, Metrics(client.model_name, client.stats))
     routes = Routes(client, draining, accounting, health or Snapshot(Health(ready=True)), limits)
     ops = OpsRoutes(accounting)
+    responses = ResponsesRoutes(routes, ResponseStore())
     api = [
         Route("/health", routes.health, methods=["GET"]),
         Route("/health/ready", routes.ready, methods=["GET"]),
@@ -100,6 +103,9 @@ def build_app(
         Route("/v1/models", routes.models, methods=["GET"]),
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
         Route("/v1/completions", routes.completions, methods=["POST"]),
+        Route("/v1/responses", responses.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
         Route("/tokenize", routes.tokenize, methods=["POST"]),
         Route("/detokenize", routes.detokenize, methods=["POST"]),
     ]

@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 from trillium.protocol.stats import GrammarStats, SchedulerStats
 from trillium.server import response_schema as out
+from trillium.server.responses_body import ResponsesRequest
 from trillium.server.schema import ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
 
 OPENAPI_PATH = "/openapi.json"
@@ -61,6 +62,7 @@ class Operation:
     auth: bool = False  # takes ``Authorization: Bearer <key>`` (required with ``--config``)
     query: tuple[tuple[str, str], ...] = ()  # optional string query parameters: (name, description)
     probe: bool = False  # a health probe: a 503 has the 200 body's shape, not an ErrorResponse
+    path: tuple[tuple[str, str], ...] = ()  # string path parameters: (name, description)
 
 
 # (method, path) -> its entry. A route in app.py without one here fails build_app.
@@ -107,6 +109,32 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         stream=out.Completion,
         errors=_GENERATE_ERRORS,
         auth=True,
+    ),
+    ("POST", "/v1/responses"): Operation(
+        "createResponse",
+        "OpenAI Responses API: text or message input, instructions, text.format, function tools, "
+        "previous_response_id (responses kept in memory, bounded).",
+        ok=(out.ResponseObject,),
+        body=ResponsesRequest,
+        stream=out.ResponseStreamEvent,
+        errors=_GENERATE_ERRORS,
+        auth=True,
+    ),
+    ("GET", "/v1/responses/{response_id}"): Operation(
+        "getResponse",
+        "A stored response (store=true), while this server keeps it.",
+        ok=(out.ResponseObject,),
+        errors=(401, 404),
+        auth=True,
+        path=(("response_id", "The response's id (resp_...)."),),
+    ),
+    ("DELETE", "/v1/responses/{response_id}"): Operation(
+        "deleteResponse",
+        "Forget a stored response.",
+        ok=(out.ResponseDeleted,),
+        errors=(401, 404),
+        auth=True,
+        path=(("response_id", "The response's id (resp_...)."),),
     ),
     ("POST", "/tokenize"): Operation(
         "tokenize",
@@ -210,11 +238,15 @@ def _operation(op: Operation, ref: dict[type, dict[str, Any]]) -> dict[str, Any]
     doc: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary, "responses": responses}
     if op.body is not None:
         doc["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref[op.body]}}}
-    if op.query:
-        doc["parameters"] = [
-            {"name": name, "in": "query", "required": False, "description": text, "schema": {"type": "string"}}
-            for name, text in op.query
-        ]
+    parameters = [
+        {"name": name, "in": "path", "required": True, "description": text, "schema": {"type": "string"}}
+        for name, text in op.path
+    ] + [
+        {"name": name, "in": "query", "required": False, "description": text, "schema": {"type": "string"}}
+        for name, text in op.query
+    ]
+    if parameters:
+        doc["parameters"] = parameters
     if op.auth:
         doc["security"] = [{}, {"bearer": []}]  # none without --config
     return doc

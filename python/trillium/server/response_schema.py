@@ -8,7 +8,7 @@ the schema generated from here. A field with a default is one the server may lea
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -202,3 +202,96 @@ class UsageReport(msgspec.Struct, kw_only=True):
     since: float | None  # unix time; None: from the first record
     until: float
     data: list[TenantUsage]
+
+
+class OutputText(msgspec.Struct, kw_only=True):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[str]  # always empty
+
+
+class OutputItem(msgspec.Struct, kw_only=True):
+    """An item of a response's ``output``: a ``message`` (``role``, ``content``) or a
+    ``function_call`` (``call_id``, ``name``, ``arguments``)."""
+
+    type: Literal["message", "function_call"]
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    role: Literal["assistant"] | None = None
+    content: list[OutputText] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+class InputTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int
+
+
+class OutputTokensDetails(msgspec.Struct, kw_only=True):
+    reasoning_tokens: int
+
+
+class ResponsesUsage(msgspec.Struct, kw_only=True):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class IncompleteDetails(msgspec.Struct, kw_only=True):
+    reason: Literal["max_output_tokens"]
+
+
+class ResponseObject(msgspec.Struct, kw_only=True):
+    """A Responses API response (``POST /v1/responses``, ``GET /v1/responses/{response_id}``)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete"]
+    error: None
+    incomplete_details: IncompleteDetails | None
+    model: str
+    output: list[OutputItem]
+    instructions: str | None
+    max_output_tokens: int | None
+    temperature: float
+    top_p: float
+    tool_choice: str | dict[str, str]
+    tools: list[dict[str, Any]]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    text: dict[str, Any]
+    store: bool
+    metadata: dict[str, str]
+    user: str | None
+    usage: ResponsesUsage | None  # None until the response is complete
+
+
+class ResponseStreamEvent(msgspec.Struct, kw_only=True):
+    """One SSE event of a streamed response (the event's name is its ``type``): ``response.created``,
+    ``response.in_progress``, ``response.output_item.added``/``.done``, ``response.content_part.added``/
+    ``.done``, ``response.output_text.delta``/``.done``, ``response.function_call_arguments.delta``/
+    ``.done``, then ``response.completed`` or ``response.incomplete``; ``error`` if generation failed."""
+
+    type: str
+    sequence_number: int
+    response: ResponseObject | None = None
+    output_index: int | None = None
+    content_index: int | None = None
+    item_id: str | None = None
+    item: OutputItem | None = None
+    part: OutputText | None = None
+    delta: str | None = None
+    text: str | None = None
+    arguments: str | None = None
+    code: str | None = None  # error events
+    message: str | None = None
+
+
+class ResponseDeleted(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["response.deleted"]
+    deleted: bool

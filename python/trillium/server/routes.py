@@ -122,15 +122,23 @@ class Routes:
         )
 
     async def chat_completions(self, request: Request) -> Response:
-        with self.accounting.admit(request, chat=True) as account, _named_errors(account.request_id):
+        with self.accounting.admit(request, chat=True) as account, named_errors(account.request_id):
             return await self._chat_completions(request, account)
 
     async def completions(self, request: Request) -> Response:
-        with self.accounting.admit(request, chat=False) as account, _named_errors(account.request_id):
+        with self.accounting.admit(request, chat=False) as account, named_errors(account.request_id):
             return await self._completions(request, account)
 
     async def _chat_completions(self, request: Request, account: RequestAccount) -> Response:
         body = decode_body(await request.body(), ChatCompletionRequest)
+        prompt_ids, sampling, calling = await self.prepare_chat(body, account)
+        return await self._run(body, prompt_ids, sampling, account, chat=True, tool_calls=calling)
+
+    async def prepare_chat(
+        self, body: ChatCompletionRequest, account: RequestAccount
+    ) -> tuple[list[int], SamplingParams, ToolCalling | None]:
+        """A chat request checked and tokenized: (prompt ids, sampling, its tool calling or None).
+        Raises APIError naming the field at fault. (The Responses API shares it: server/responses.py.)"""
         self._check_model(body.model)
         self._check_admission(account, body)
         self.limits.check_body(messages=body.messages, logit_bias=body.logit_bias, stop=body.stop)
@@ -159,9 +167,7 @@ class Routes:
         self._check_length(len(prompt_ids), sampling.max_tokens, "messages")
         self._check_tokens(len(prompt_ids), sampling.max_tokens, body.n)
         sampling = self._limit_tokens(account, sampling, len(prompt_ids), body.n)
-        return await self._run(
-            body, prompt_ids, sampling, account, chat=True, tool_calls=calling if calling.active else None
-        )
+        return prompt_ids, sampling, calling if calling.active else None
 
     def _tool_sampling(self, calling: ToolCalling, sampling: SamplingParams) -> SamplingParams:
         """The request's sampling with its tool-call grammar (tools/grammar.py)."""
@@ -356,13 +362,35 @@ class Routes:
         echo: str | None = None,
         tool_calls: ToolCalling | None = None,
     ) -> Response:
+        fanout = await self.start(body, prompt_ids, sampling, account)
+        formatter = LogprobsFormatter(self.client.tokenizer, chat) if sampling.logprobs is not None else None
+        shape = ResponseShape(account.request_id, self.client.model_name, chat, formatter, tool_calls)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return account.streaming_response(
+                _sse_body(fanout, shape, include_usage, echo, account),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        response = await _full_response(fanout, shape, echo)
+        account.http_status = response.status_code
+        return response
+
+    async def start(
+        self,
+        body: ChatCompletionRequest | CompletionRequest,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        account: RequestAccount,
+    ) -> ChoiceFanout:
+        """Submit a checked request's ``body.n`` choices (its grammar compiled first); the fanout
+        reads them. A full queue is a 503 here."""
         request_id = account.request_id
         if body.cache_salt is not None and not body.cache_salt:
             raise APIError("cache_salt must be a non-empty string", param="cache_salt")
         grammar = None
         if sampling.structured is not None:
-            param = "tools" if tool_calls is not None else structured_param(body)
-            grammar = await self._compile_grammar(sampling.structured, param)
+            grammar = await self._compile_grammar(sampling.structured, structured_param(body))
         tenant = self._fair_tenant(account, body)
 
         def open_choice(i: int) -> RequestStream:
@@ -388,18 +416,7 @@ class Routes:
         except EngineOverloaded as exc:
             raise overloaded(str(exc)) from None
         account.fanout = fanout
-        formatter = LogprobsFormatter(self.client.tokenizer, chat) if sampling.logprobs is not None else None
-        shape = ResponseShape(request_id, self.client.model_name, chat, formatter, tool_calls)
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return account.streaming_response(
-                _sse_body(fanout, shape, include_usage, echo, account),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-        response = await _full_response(fanout, shape, echo)
-        account.http_status = response.status_code
-        return response
+        return fanout
 
 
 def actor_failed(exc: ActorFailed) -> APIError:
@@ -408,7 +425,7 @@ def actor_failed(exc: ActorFailed) -> APIError:
 
 
 @contextlib.contextmanager
-def _named_errors(request_id: str) -> Iterator[None]:
+def named_errors(request_id: str) -> Iterator[None]:
     """Every error response of a generation request carries its id (``x-request-id``, and in the
     message of a 5xx), so that an operator can find the request in the log and the ledger."""
     try:

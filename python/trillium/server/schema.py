@@ -325,13 +325,15 @@ def structured_constraint(request: _Common) -> StructuredOutputs | None:
 
 
 def structured_param(request: _Common) -> str:
-    """The request field a compile error of :func:`structured_constraint`'s result points at."""
+    """The request field a compile error of the request's constraint points at: the field of
+    :func:`structured_constraint`'s result, else ``tools`` (the tool-call grammar)."""
     so = request.structured_outputs
     if so is not None:
         kind = next(f for f in _STRUCTURED_FIELDS if getattr(so, f) not in (None, False))
         return f"structured_outputs.{kind}"
     rf = request.response_format
-    assert rf is not None  # the constraint came from one of the two
+    if rf is None or rf.type == "text":
+        return "tools"  # a chat request's tool-call grammar
     return "response_format.json_schema.schema" if rf.type == "json_schema" else "response_format"
 
 
