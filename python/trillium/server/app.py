@@ -22,6 +22,7 @@ from trillium.server.errors import APIError
 from trillium.server.limits import BodySizeLimit, InputLimits
 from trillium.server.openapi import openapi_route
 from trillium.server.ops_routes import OpsRoutes
+from trillium.server.page import ChatPage
 from trillium.server.response_store import ResponseStore
 from trillium.server.responses import ResponsesRoutes
 from trillium.server.routes import Routes, json_response
@@ -95,6 +96,7 @@ def build_app(
     ops = OpsRoutes(accounting)
     responses = ResponsesRoutes(routes, ResponseStore())
     api = [
+        Route("/", ChatPage().serve, methods=["GET"]),
         Route("/health", routes.health, methods=["GET"]),
         Route("/health/ready", routes.ready, methods=["GET"]),
         Route("/stats", routes.stats, methods=["GET"]),

@@ -67,6 +67,11 @@ class Operation:
 
 # (method, path) -> its entry. A route in app.py without one here fails build_app.
 OPERATIONS: dict[tuple[str, str], Operation] = {
+    ("GET", "/"): Operation(
+        "chatPage",
+        "The chat page: one self-contained HTML page, a client of /v1/models and /v1/chat/completions.",
+        raw=("text/html", {"type": "string"}),
+    ),
     ("GET", "/health"): Operation(
         "health", "Liveness: 503 when a step hangs or an actor stopped.", ok=(out.Liveness,), probe=True
     ),
