@@ -11,7 +11,8 @@ import schemathesis
 
 MAX_NEW_TOKENS = 3
 MAX_N = 2
-_GENERATE = ("/v1/chat/completions", "/v1/completions")
+MAX_PROMPTS = 4  # prompts in one completions request
+_GENERATE = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
 @schemathesis.hook
@@ -25,14 +26,21 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     caps = {
         "max_tokens": MAX_NEW_TOKENS,
         "max_completion_tokens": MAX_NEW_TOKENS,
+        "max_output_tokens": MAX_NEW_TOKENS,
         "min_tokens": MAX_NEW_TOKENS,
         "n": MAX_N,
     }
     for field, cap in caps.items():
         if type(body.get(field)) is int and body[field] > cap:
             body[field] = cap
-    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+    if case.path == "/v1/responses":
+        if body.get("max_output_tokens") is None:
+            body["max_output_tokens"] = MAX_NEW_TOKENS  # the default is all the context left
+    elif body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = MAX_NEW_TOKENS  # chat's default is all the context left
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) and len(prompt) > MAX_PROMPTS:
+        del prompt[MAX_PROMPTS:]  # a batch of prompts (still at least one)
 
 
 @schemathesis.check

@@ -106,8 +106,7 @@ def build_app(
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
         Route("/v1/completions", routes.completions, methods=["POST"]),
         Route("/v1/responses", responses.create, methods=["POST"]),
-        Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
-        Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}", responses.stored, methods=["GET", "DELETE"]),
         Route("/tokenize", routes.tokenize, methods=["POST"]),
         Route("/detokenize", routes.detokenize, methods=["POST"]),
     ]

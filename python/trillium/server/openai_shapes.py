@@ -32,38 +32,56 @@ class ToolParsing(Protocol):
 
 # One (chosen token's logprob, [(token id, logprob)] best first) per token, as the engine gives them.
 TokenLogprobs: TypeAlias = list[tuple[float, list[tuple[int, float]]]]
+# Aligned with a prompt's token ids: None for the first, then (logprob, top) as above.
+PromptLogprobs: TypeAlias = list[tuple[float, list[tuple[int, float]]] | None]
 # A JSON object of the response, as built here and encoded by msgspec.
 JSONObject: TypeAlias = dict[str, Any]
 
 
 class ChoiceFanout:
-    """Reads the ``n`` streams of one request round-robin (each stream's mailbox coalesces,
-    so waiting on one choice delays the others' delivery but never their generation).
+    """Reads the choices of one request round-robin (each stream's mailbox coalesces, so waiting
+    on one choice delays the others' delivery but never their generation): ``n`` choices for
+    each of ``num_prompts`` prompts, choice ``i`` being prompt ``i // n``'s choice ``i % n``.
 
-    ``open_choice(i)`` submits choice ``i`` and may raise ``EngineOverloaded``. :meth:`abort`
-    is synchronous (safe in ``finally``).
+    ``open_choice(i)`` submits choice ``i`` and may raise ``EngineOverloaded``; a prompt's choices
+    after its first are submitted once the first's first delta arrived (its prompt blocks are then
+    in the prefix cache). ``n`` is the number of choices in all; :meth:`abort` is synchronous
+    (safe in ``finally``).
     """
 
-    def __init__(self, open_choice: Callable[[int], RequestStream], n: int) -> None:
+    def __init__(self, open_choice: Callable[[int], RequestStream], n: int, num_prompts: int = 1) -> None:
         self._open = open_choice
-        self.n = n
-        self.streams = [open_choice(0)]
-        self._active = [0]
+        self.per_prompt = n
+        self.n = n * num_prompts
+        self.streams: list[RequestStream] = []  # in the order they were opened
+        self._by_index: dict[int, RequestStream] = {}
+        self._firsts: list[RequestStream] = []  # each prompt's first choice: its prompt usage
+        self._active: list[int] = []
         self._cursor = 0
+        self._decided: set[int] = set()  # first choices whose siblings were started (or never will be)
+        for prompt in range(num_prompts):
+            self._firsts.append(self._start(prompt * n))
+
+    def _start(self, i: int) -> RequestStream:
+        stream = self._open(i)
+        self._by_index[i] = stream
+        self.streams.append(stream)
+        self._active.append(i)
+        return stream
 
     async def next(self) -> tuple[int, StreamOutput] | None:
         if not self._active:
             return None
         self._cursor %= len(self._active)
         i = self._active[self._cursor]
-        out = await self.streams[i].__anext__()
-        if i == 0 and len(self.streams) < self.n:
+        out = await self._by_index[i].__anext__()
+        if i % self.per_prompt == 0 and self.per_prompt > 1 and i not in self._decided:
+            self._decided.add(i)
             if out.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
-                self.n = 1  # no point in starting the siblings
+                self.n -= self.per_prompt - 1  # no point in starting the siblings
             else:
-                for j in range(1, self.n):
-                    self.streams.append(self._open(j))
-                    self._active.append(j)
+                for j in range(i + 1, i + self.per_prompt):
+                    self._start(j)
         if out.finish_reason is not None:
             self._active.remove(i)
         else:
@@ -75,12 +93,11 @@ class ChoiceFanout:
             stream.abort()
 
     def usage(self) -> JSONObject:
-        first = self.streams[0]
-        p = first.num_prompt_tokens
+        p = sum(s.num_prompt_tokens for s in self._firsts)
         c = sum(s.num_completion_tokens for s in self.streams)
-        details: JSONObject = {"cached_tokens": first.num_cached_tokens}
-        if len(self.streams) > 1:  # not OpenAI's; shows the siblings reused choice 0's blocks
-            details["cached_tokens_per_choice"] = [s.num_cached_tokens for s in self.streams]
+        details: JSONObject = {"cached_tokens": sum(s.num_cached_tokens for s in self._firsts)}
+        if len(self.streams) > 1:  # not OpenAI's; shows the siblings reused their first choice's blocks
+            details["cached_tokens_per_choice"] = [self._by_index[i].num_cached_tokens for i in sorted(self._by_index)]
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c, "prompt_tokens_details": details}
 
 
@@ -114,6 +131,46 @@ class LogprobsFormatter:
             )
         return out
 
+    def completion_prompt(self, prompt_ids: list[int], logprobs: PromptLogprobs) -> JSONObject:
+        """The echoed prompt's tokens in the completions shape: each token's logprob given the ones
+        before it (the first's is None, as is its top), offsets from the start of the prompt."""
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        offset = 0
+        for token_id, entry in zip(prompt_ids, logprobs):
+            text = self.token_text(token_id)
+            tokens.append(text)
+            token_logprobs.append(entry[0] if entry is not None else None)
+            tops.append({self.token_text(i): lp for i, lp in entry[1]} if entry is not None else None)
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+    def vllm_prompt(self, prompt_ids: list[int], logprobs: PromptLogprobs) -> list[JSONObject | None]:
+        """vLLM's ``prompt_logprobs``: per prompt position None (the first) or ``{token id: {logprob,
+        rank, decoded_token}}`` for the prompt's token and the top alternatives (rank: 1 is the
+        most likely; None for the prompt's token when it is not among the top)."""
+        out: list[JSONObject | None] = []
+        for token_id, entry in zip(prompt_ids, logprobs):
+            if entry is None:
+                out.append(None)
+                continue
+            logprob, top = entry
+            ranks = {i: r for r, (i, _) in enumerate(top, 1)}
+            position = {
+                str(token_id): {
+                    "logprob": logprob,
+                    "rank": ranks.get(token_id),
+                    "decoded_token": self.token_text(token_id),
+                }
+            }
+            for i, lp in top:
+                position.setdefault(str(i), {"logprob": lp, "rank": ranks[i], "decoded_token": self.token_text(i)})
+            out.append(position)
+        return out
+
     def completion(self, token_ids: list[int], logprobs: TokenLogprobs, text_offset: int) -> JSONObject:
         """``text_offset`` is where the first of these tokens starts in the choice's text."""
         tokens: list[str] = []
@@ -143,12 +200,14 @@ class ResponseShape:
         chat: bool,
         logprobs: LogprobsFormatter | None = None,
         tool_calls: ToolParsing | None = None,
+        prompt_logprobs: LogprobsFormatter | None = None,
     ) -> None:
         self.request_id = request_id
         self.model = model
         self.chat = chat
         self.logprobs = logprobs
         self.tool_calls = tool_calls
+        self.prompt_logprobs = prompt_logprobs  # vLLM's prompt_logprobs were asked for
         self.created = int(time.time())
 
     def _envelope(self, object_: str) -> JSONObject:
@@ -163,6 +222,7 @@ class ResponseShape:
         first: bool = False,
         logprobs: JSONObject | list[JSONObject] | None = None,
         tool_calls: list[JSONObject] | None = None,
+        prompt_logprobs: list[JSONObject | None] | None = None,
     ) -> JSONObject:
         if self.chat:
             delta: JSONObject = {}
@@ -174,8 +234,13 @@ class ResponseShape:
                 delta["tool_calls"] = tool_calls
             lp = {"content": logprobs} if logprobs is not None else None
             choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
-            return {**self._envelope("chat.completion.chunk"), "choices": [choice]}
+            chunk = {**self._envelope("chat.completion.chunk"), "choices": [choice]}
+            if prompt_logprobs is not None:
+                chunk["prompt_logprobs"] = prompt_logprobs
+            return chunk
         choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+        if prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs
         return {**self._envelope("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, usage: JSONObject) -> JSONObject:
@@ -186,9 +251,13 @@ class ResponseShape:
         }
 
     def full(
-        self, choices: list[tuple[str, str, JSONObject | list[JSONObject] | None]], usage: JSONObject
+        self,
+        choices: list[tuple[str, str, JSONObject | list[JSONObject] | None]],
+        usage: JSONObject,
+        prompt_logprobs: list[list[JSONObject | None] | None] | None = None,
     ) -> JSONObject:
-        """``choices``: (text, finish_reason, formatted logprobs or None) per index."""
+        """``choices``: (text, finish_reason, formatted logprobs or None) per index;
+        ``prompt_logprobs``: vLLM's, per index (chat: the first's, at the top level)."""
         body: list[JSONObject]
         if self.chat:
             body = []
@@ -210,11 +279,17 @@ class ResponseShape:
                         "finish_reason": reason,
                     }
                 )
-            return {**self._envelope("chat.completion"), "choices": body, "usage": usage}
+            response = {**self._envelope("chat.completion"), "choices": body, "usage": usage}
+            if prompt_logprobs is not None:
+                response["prompt_logprobs"] = prompt_logprobs[0]
+            return response
         body = [
             {"index": i, "text": text, "logprobs": lp, "finish_reason": reason}
             for i, (text, reason, lp) in enumerate(choices)
         ]
+        if prompt_logprobs is not None:
+            for choice, plp in zip(body, prompt_logprobs):
+                choice["prompt_logprobs"] = plp
         return {**self._envelope("text_completion"), "choices": body, "usage": usage}
 
 

@@ -65,9 +65,19 @@ class CompletionLogprobs(msgspec.Struct, kw_only=True):
     """The legacy completions shape: parallel lists, one entry per token."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]  # token text -> logprob
+    token_logprobs: list[float | None]  # None: the first token of an echoed prompt
+    top_logprobs: list[dict[str, float] | None]  # token text -> logprob
     text_offset: list[int]  # where each token starts in the choice's text
+
+
+class PromptTokenLogprob(msgspec.Struct, kw_only=True):
+    logprob: float
+    rank: int | None  # 1: the most likely token there; None: not among the top asked for
+    decoded_token: str
+
+
+# vLLM's ``prompt_logprobs``: per prompt position None (the first) or token id -> its logprob
+PromptLogprobs = list[dict[str, PromptTokenLogprob] | None]
 
 
 class FunctionCall(msgspec.Struct, kw_only=True):
@@ -101,6 +111,7 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None  # with the request's prompt_logprobs
 
 
 class FunctionCallDelta(msgspec.Struct, kw_only=True):
@@ -138,6 +149,7 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # in a choice's first chunk, when asked for
 
 
 class CompletionChoice(msgspec.Struct, kw_only=True):
@@ -145,6 +157,7 @@ class CompletionChoice(msgspec.Struct, kw_only=True):
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: FinishReasonName | None  # None only in a streamed chunk
+    prompt_logprobs: PromptLogprobs | None = None  # with the request's prompt_logprobs (first chunk)
 
 
 class Completion(msgspec.Struct, kw_only=True):

@@ -68,7 +68,7 @@ class ResponsesRoutes:
             chat = chat_request(body, conversation)
             with _responses_params():
                 prompt_ids, sampling, calling = await self.routes.prepare_chat(chat, account)
-            fanout = await self.routes.start(chat, prompt_ids, sampling, account)
+            fanout = await self.routes.start(chat, [prompt_ids], sampling, account)
             builder = ResponseBuilder(account.request_id, self.routes.client.model_name, body, sampling, calling)
 
             def keep(response: JSONObject) -> None:
@@ -124,6 +124,12 @@ class ResponsesRoutes:
             yield _sse(builder.event(f"response.{response['status']}", response=response))
         finally:
             fanout.abort()
+
+    async def stored(self, request: Request) -> Response:
+        """``GET`` a stored response, or ``DELETE`` it (one route: its ``Allow`` names both)."""
+        if request.method == "DELETE":
+            return await self.delete(request)
+        return await self.retrieve(request)
 
     async def retrieve(self, request: Request) -> Response:
         tenant = self.routes.accounting.auth.tenant(request)

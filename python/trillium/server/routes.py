@@ -7,6 +7,7 @@ ever sees token ids (llama.cpp server's rule).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -16,7 +17,14 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from trillium.engine_client import ActorFailed, EngineClient, EngineOverloaded, RequestStream, TokenizeError
+from trillium.engine_client import (
+    ActorFailed,
+    EngineClient,
+    EngineOverloaded,
+    RequestStream,
+    StreamOutput,
+    TokenizeError,
+)
 from trillium.protocol import FinishReason, SamplingParams, StructuredOutputs
 from trillium.protocol.messages import SEED_MAX
 from trillium.runtime import Health, Snapshot
@@ -28,6 +36,7 @@ from trillium.server.openai_shapes import (
     ChoiceFanout,
     JSONObject,
     LogprobsFormatter,
+    PromptLogprobs,
     ResponseShape,
     TokenLogprobs,
     error_payload,
@@ -132,7 +141,7 @@ class Routes:
     async def _chat_completions(self, request: Request, account: RequestAccount) -> Response:
         body = decode_body(await request.body(), ChatCompletionRequest)
         prompt_ids, sampling, calling = await self.prepare_chat(body, account)
-        return await self._run(body, prompt_ids, sampling, account, chat=True, tool_calls=calling)
+        return await self._run(body, [prompt_ids], sampling, account, chat=True, tool_calls=calling)
 
     async def prepare_chat(
         self, body: ChatCompletionRequest, account: RequestAccount
@@ -158,6 +167,7 @@ class Routes:
             default_max_tokens=None,
             vocab_size=self.client.model_config.vocab_size,
             logprobs=chat_logprobs(body),
+            prompt_logprobs=body.prompt_logprobs,
         )
         self._check_structured(body, sampling)
         if calling.active:
@@ -191,44 +201,47 @@ class Routes:
         self._check_admission(account, body)
         self.limits.check_body(logit_bias=body.logit_bias, stop=body.stop)
         if body.suffix:
-            raise APIError("suffix is not supported", param="suffix")
-        if body.echo and body.logprobs is not None:
-            raise APIError("echo together with logprobs is not supported (no prompt logprobs)", param="echo")
+            raise APIError("suffix is not supported: this model has no fill-in-the-middle tokens", param="suffix")
+        logprobs = completion_logprobs(body)
+        # echo + logprobs scores the prompt: each prompt token's logprob (and top k), as OpenAI's
+        # legacy API did; vLLM's prompt_logprobs asks for the same in its own shape.
+        wanted = [k for k in (logprobs if body.echo else None, body.prompt_logprobs) if k is not None]
         sampling = sampling_params(
             body,
             body.max_tokens,
             default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
             vocab_size=self.client.model_config.vocab_size,
-            logprobs=completion_logprobs(body),
+            logprobs=logprobs,
+            prompt_logprobs=max(wanted) if wanted else None,
         )
         self._check_structured(body, sampling)
-        prompt = body.prompt
-        if isinstance(prompt, list) and len({type(p) for p in prompt}) > 1:
-            raise APIError("prompt must be a string, a list of strings, or a list of token ids", param="prompt")
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            if len(prompt) != 1:
-                raise APIError("batched prompts are not supported; send one prompt per request", param="prompt")
-            prompt = prompt[0]
-        if isinstance(prompt, list):
-            if not prompt:
-                raise APIError("prompt must not be empty", param="prompt")
-            self._check_length(len(prompt), sampling.max_tokens, "prompt")  # before the O(len) checks
-            prompt_ids = [t for t in prompt if isinstance(t, int)]  # all of them: one type, and not str
-            vocab = self.client.model_config.vocab_size
-            if any(not 0 <= t < vocab for t in prompt_ids):
-                raise APIError(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        else:
-            if not prompt:
-                raise APIError("prompt must not be empty", param="prompt")
-            self.limits.check_prompt_chars(prompt, "prompt")
-            prompt_ids = await self._tokenize(prompt=prompt)
-        self._check_length(len(prompt_ids), sampling.max_tokens, "prompt")
-        self._check_tokens(len(prompt_ids), sampling.max_tokens, body.n)
-        sampling = self._limit_tokens(account, sampling, len(prompt_ids), body.n)
+        items = _prompt_items(body.prompt)
+        prompts: list[list[int]] = []
+        for k, item in enumerate(items):
+            param = "prompt" if len(items) == 1 else f"prompt[{k}]"
+            if isinstance(item, list):
+                self._check_length(len(item), sampling.max_tokens, param)  # before the O(len) checks
+                vocab = self.client.model_config.vocab_size
+                if any(not 0 <= t < vocab for t in item):
+                    raise APIError(f"prompt token ids must be in [0, {vocab})", param=param)
+                prompts.append(item)
+            else:
+                self.limits.check_prompt_chars(item, param)
+                prompts.append(await self._tokenize(prompt=item))
+            self._check_length(len(prompts[-1]), sampling.max_tokens, param)
+        longest = max(len(ids) for ids in prompts)
+        num_choices = body.n * len(prompts)
+        self._check_tokens(longest, sampling.max_tokens, num_choices)
+        sampling = account.limit_tokens(
+            sampling, sum(len(ids) for ids in prompts), num_choices, self.client.max_model_len - longest
+        )
         echo = None
         if body.echo:
-            echo = prompt if isinstance(prompt, str) else await self._detokenize(prompt_ids, "prompt")
-        return await self._run(body, prompt_ids, sampling, account, chat=False, echo=echo)
+            echo = [
+                item if isinstance(item, str) else await self._detokenize(ids, "prompt")
+                for item, ids in zip(items, prompts)
+            ]
+        return await self._run(body, prompts, sampling, account, chat=False, echo=echo)
 
     async def tokenize(self, request: Request) -> Response:
         """vLLM's ``POST /tokenize``: ``{prompt | messages}`` -> ``{count, max_model_len, tokens}``."""
@@ -354,37 +367,43 @@ class Routes:
     async def _run(
         self,
         body: ChatCompletionRequest | CompletionRequest,
-        prompt_ids: list[int],
+        prompts: list[list[int]],
         sampling: SamplingParams,
         account: RequestAccount,
         *,
         chat: bool,
-        echo: str | None = None,
+        echo: list[str] | None = None,
         tool_calls: ToolCalling | None = None,
     ) -> Response:
-        fanout = await self.start(body, prompt_ids, sampling, account)
-        formatter = LogprobsFormatter(self.client.tokenizer, chat) if sampling.logprobs is not None else None
-        shape = ResponseShape(account.request_id, self.client.model_name, chat, formatter, tool_calls)
+        """Run the request's choices (``body.n`` per prompt) and answer in the endpoint's shape;
+        ``echo``: each prompt's text, to put before its choices' text (completions)."""
+        fanout = await self.start(body, prompts, sampling, account)
+        tokenizer = self.client.tokenizer
+        formatter = LogprobsFormatter(tokenizer, chat) if sampling.logprobs is not None else None
+        vllm_prompt = LogprobsFormatter(tokenizer, chat) if body.prompt_logprobs is not None else None
+        shape = ResponseShape(account.request_id, self.client.model_name, chat, formatter, tool_calls, vllm_prompt)
+        echoed = _Echo(prompts, echo, echo is not None and formatter is not None)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return account.streaming_response(
-                _sse_body(fanout, shape, include_usage, echo, account),
+                _sse_body(fanout, shape, include_usage, echoed, account),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        response = await _full_response(fanout, shape, echo)
+        response = await _full_response(fanout, shape, echoed)
         account.http_status = response.status_code
         return response
 
     async def start(
         self,
         body: ChatCompletionRequest | CompletionRequest,
-        prompt_ids: list[int],
+        prompts: list[list[int]],
         sampling: SamplingParams,
         account: RequestAccount,
     ) -> ChoiceFanout:
-        """Submit a checked request's ``body.n`` choices (its grammar compiled first); the fanout
-        reads them. A full queue is a 503 here."""
+        """Submit a checked request's ``body.n`` choices per prompt (its grammar compiled first);
+        the fanout reads them. A prompt's choice ``j`` runs with ``seed + j``, as if it were a
+        request of its own. A full queue is a 503 here."""
         request_id = account.request_id
         if body.cache_salt is not None and not body.cache_salt:
             raise APIError("cache_salt must be a non-empty string", param="cache_salt")
@@ -395,15 +414,16 @@ class Routes:
 
         def open_choice(i: int) -> RequestStream:
             choice_sampling = sampling
-            if i > 0 and sampling.seed is not None:
-                seed = sampling.seed + i
+            j = i % body.n
+            if j > 0 and sampling.seed is not None:
+                seed = sampling.seed + j
                 if seed > SEED_MAX:  # wrap within the 64 bits a generator takes
                     seed -= 2**64
                 choice_sampling = msgspec.structs.replace(sampling, seed=seed)
             choice_id = request_id if i == 0 else f"{request_id}-{i}"
             return self.client.open_stream(
                 choice_id,
-                prompt_ids,
+                prompts[i // body.n],
                 choice_sampling,
                 cache_salt=body.cache_salt,
                 grammar=grammar,
@@ -412,7 +432,7 @@ class Routes:
             )
 
         try:
-            fanout = ChoiceFanout(open_choice, body.n)
+            fanout = ChoiceFanout(open_choice, body.n, len(prompts))
         except EngineOverloaded as exc:
             raise overloaded(str(exc)) from None
         account.fanout = fanout
@@ -465,20 +485,72 @@ class _ChoiceLogprobs:
             self.completion[key].extend(values)
         return new
 
+    def add_prompt(self, prompt_ids: list[int], logprobs: PromptLogprobs) -> JSONObject:
+        """The echoed prompt's logprobs, before the generated tokens' (completions only)."""
+        new = self.formatter.completion_prompt(prompt_ids, logprobs)
+        for key, values in new.items():
+            self.completion[key][:0] = values
+        return new
+
     def result(self) -> JSONObject | list[JSONObject]:
         return self.chat_content if self.formatter.chat else self.completion
 
 
-async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: str | None) -> Response:
-    n = fanout.n
-    parts: list[list[str]] = [[echo] if echo else [] for _ in range(n)]
+@dataclasses.dataclass(frozen=True)
+class _Echo:
+    """A request's prompts, as the response may repeat them (``echo``), with their logprobs."""
+
+    prompts: list[list[int]]
+    texts: list[str] | None  # each prompt's text, with ``echo``
+    logprobs: bool  # echo + logprobs: the prompt tokens' logprobs lead each choice's logprobs
+
+    def text(self, prompt: int) -> str:
+        return self.texts[prompt] if self.texts is not None else ""
+
+
+def _prompt_items(prompt: str | list[Any]) -> list[str | list[int]]:
+    """A completions ``prompt`` as a list of prompts, each text or token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    kinds = {type(p) for p in prompt}
+    if kinds == {int}:
+        return [prompt]
+    if len(kinds) != 1:
+        raise APIError(
+            "prompt must be a string, a list of strings, a list of token ids, or a list of token-id lists",
+            param="prompt",
+        )
+    return list(prompt)
+
+
+def _prompt_logprobs(
+    shape: ResponseShape, echo: _Echo, prompt: int, out: StreamOutput, choice: _ChoiceLogprobs | None
+) -> tuple[JSONObject | None, list[JSONObject | None] | None]:
+    """On a choice's output that carries its prompt logprobs: (the echoed prompt's logprobs in the
+    completions shape, vLLM's ``prompt_logprobs``), each None when not asked for."""
+    if out.prompt_logprobs is None:
+        return None, None
+    ids = echo.prompts[prompt]
+    echoed = choice.add_prompt(ids, out.prompt_logprobs) if echo.logprobs and choice is not None else None
+    vllm = shape.prompt_logprobs.vllm_prompt(ids, out.prompt_logprobs) if shape.prompt_logprobs else None
+    return echoed, vllm
+
+
+async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo) -> Response:
+    n, per_prompt = fanout.n, fanout.per_prompt
+    parts: list[list[str]] = [[echo.text(i // per_prompt)] for i in range(n)]
     reasons = [""] * n
-    logprobs = [_ChoiceLogprobs(shape.logprobs, len(echo or "")) if shape.logprobs else None for _ in range(n)]
+    logprobs = [
+        _ChoiceLogprobs(shape.logprobs, len(echo.text(i // per_prompt))) if shape.logprobs else None for i in range(n)
+    ]
+    vllm_prompt: list[list[JSONObject | None] | None] = [None] * n
     try:
         while (item := await fanout.next()) is not None:
             i, out = item
             parts[i].append(out.text)
             choice_logprobs = logprobs[i]
+            _, vllm = _prompt_logprobs(shape, echo, i // per_prompt, out, choice_logprobs)
+            vllm_prompt[i] = vllm or vllm_prompt[i]
             if choice_logprobs is not None:
                 choice_logprobs.add(out.token_ids, out.logprobs)
             if out.finish_reason == FinishReason.ERROR:
@@ -499,7 +571,9 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: str |
     choices = [
         ("".join(text), reason, lp.result() if lp else None) for text, reason, lp in zip(parts, reasons, logprobs)
     ]
-    return json_response(shape.full(choices, fanout.usage()))
+    return json_response(
+        shape.full(choices, fanout.usage(), vllm_prompt if shape.prompt_logprobs is not None else None)
+    )
 
 
 def _tool_call_deltas(ready: ToolCallReady) -> list[JSONObject]:
@@ -510,14 +584,17 @@ def _tool_call_deltas(ready: ToolCallReady) -> list[JSONObject]:
 
 
 async def _sse_body(
-    fanout: ChoiceFanout, shape: ResponseShape, include_usage: bool, echo: str | None, account: RequestAccount
+    fanout: ChoiceFanout, shape: ResponseShape, include_usage: bool, echo: _Echo, account: RequestAccount
 ) -> AsyncIterator[bytes]:
     """SSE events of one request. No awaits in ``finally``: a cancelled generator can't await.
     The account is finished before the last events, so that a client that has read ``[DONE]``
-    finds the request in the metrics and the ledger."""
-    n = fanout.n
+    finds the request in the metrics and the ledger. A choice's first chunk carries the echoed
+    prompt and the prompt logprobs asked for."""
+    n, per_prompt = fanout.n, fanout.per_prompt
     started = [False] * n
-    logprobs = [_ChoiceLogprobs(shape.logprobs, len(echo or "")) if shape.logprobs else None for _ in range(n)]
+    logprobs = [
+        _ChoiceLogprobs(shape.logprobs, len(echo.text(i // per_prompt))) if shape.logprobs else None for i in range(n)
+    ]
     parsers = [shape.tool_calls.new_parser() if shape.tool_calls else None for _ in range(n)]
     try:
         while True:
@@ -529,12 +606,16 @@ async def _sse_body(
             if item is None:
                 break
             i, out = item
+            choice_logprobs = logprobs[i]
             if not started[i]:
                 started[i] = True
+                echoed, vllm = _prompt_logprobs(shape, echo, i // per_prompt, out, choice_logprobs)
                 if shape.chat:
-                    yield sse.event(shape.chunk(i, "", None, first=True))
-                elif echo:
-                    yield sse.event(shape.chunk(i, echo, None))
+                    yield sse.event(shape.chunk(i, "", None, first=True, prompt_logprobs=vllm))
+                elif echo.texts is not None or vllm is not None:
+                    yield sse.event(
+                        shape.chunk(i, echo.text(i // per_prompt), None, logprobs=echoed, prompt_logprobs=vllm)
+                    )
             reason = out.finish_reason
             if reason == FinishReason.ERROR:
                 yield sse.event(error_payload(out.error or "generation failed", shape.request_id))
@@ -542,7 +623,6 @@ async def _sse_body(
             if reason == FinishReason.ABORT:
                 yield sse.event(error_payload("request aborted: the server is shutting down"))
                 break
-            choice_logprobs = logprobs[i]
             lp = choice_logprobs.add(out.token_ids, out.logprobs) if choice_logprobs is not None else None
             reason_name = reason.openai_name if reason is not None else None
             parser = parsers[i]

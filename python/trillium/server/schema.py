@@ -130,6 +130,7 @@ class _Common(msgspec.Struct, kw_only=True):
     priority: int = 0  # vLLM extension: inside the caller's tenant, lower is scheduled sooner
     response_format: ResponseFormat | None = None  # OpenAI structured output
     structured_outputs: StructuredOutputsBody | None = None  # vLLM structured output
+    prompt_logprobs: int | None = None  # vLLM extension: each prompt token's logprob + the top k
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
@@ -143,8 +144,14 @@ class ChatCompletionRequest(_Common, kw_only=True):
 
 
 class CompletionRequest(_Common, kw_only=True):
-    # text, [text], or token ids (msgspec allows one list type)
-    prompt: NonEmptyStr | Annotated[list[NonEmptyStr | TokenId], msgspec.Meta(min_length=1)]
+    # text, [text, ...], token ids, or [token ids, ...]; a list holds one kind (checked by the route)
+    prompt: (
+        NonEmptyStr
+        | Annotated[
+            list[NonEmptyStr | TokenId | Annotated[list[TokenId], msgspec.Meta(min_length=1)]],
+            msgspec.Meta(min_length=1),
+        ]
+    )
     logprobs: int | None = None
     echo: bool | None = False
     suffix: str | None = None
@@ -249,6 +256,7 @@ def sampling_params(
     *,
     vocab_size: int,
     logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """Build :class:`SamplingParams` from the request; its ranges are checked there, once, and a
     bad value becomes a 400 naming the field. Only request-shape checks live here."""
@@ -283,6 +291,7 @@ def sampling_params(
             logit_bias=_logit_bias(request.logit_bias),
             min_tokens=request.min_tokens,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             structured=structured_constraint(request),
         )
         sampling.check_vocab(vocab_size)
