@@ -134,6 +134,17 @@ def test_top_p_after_top_k():
     _assert_matches(SamplingParams(top_k=4, top_p=0.8), _renorm(pk, keep))
 
 
+@pytest.mark.parametrize("vocab", [8, 5000])  # the full-sort path and the candidates path
+def test_a_tiny_top_p_keeps_the_most_likely_token(vocab):
+    # 1e-53 is a valid top_p (> 0) that rounds to 0 in fp32: it must mean "the top token only",
+    # not "no token at all" (which sampled from an all -inf row).
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(vocab))
+    logits[1, 7] = float("-inf")  # a masked token (a grammar's)
+    params = [SamplingParams(top_p=1e-53), SamplingParams(top_p=1e-53, top_k=5), SamplingParams(top_p=1e-300)]
+    ids = sample(logits.clone(), params, [None] * 3).token_ids
+    assert ids == logits.argmax(dim=-1).tolist()
+
+
 def test_min_p_matches():
     probs = torch.softmax(LOGITS, -1)
     _assert_matches(SamplingParams(min_p=0.2), _renorm(probs, probs >= 0.2 * probs.max()))

@@ -162,7 +162,7 @@ def truncate(
     if vocab <= CANDIDATES:
         return _truncate_sorted(logits, top_k, top_p, min_p)
     k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k])  # [R]
-    p = torch.tensor(top_p, dtype=logits.dtype)  # [R]
+    p = _top_p_tensor(top_p, logits.dtype)  # [R]
     m = torch.tensor(min_p, dtype=logits.dtype)  # [R]
     untouched = (k >= vocab) & (p >= 1.0) & (m <= 0.0)
     if bool(untouched.all()):
@@ -200,6 +200,12 @@ def truncate(
     return out
 
 
+def _top_p_tensor(top_p: list[float], dtype: torch.dtype) -> torch.Tensor:
+    """``top_p`` in the logits' dtype, at least its smallest normal number: a tiny top_p (valid:
+    any p > 0) must not round to 0, which would drop even the most likely token."""
+    return torch.tensor(top_p, dtype=dtype).clamp_(min=torch.finfo(dtype).tiny)
+
+
 def _truncate_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]) -> torch.Tensor:
     """:func:`truncate` by a full sort of each row (the reference, and the fallback)."""
     use_k = any(k > 0 for k in top_k)
@@ -214,7 +220,7 @@ def _truncate_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float],
         k = torch.tensor([kk if kk > 0 else vocab for kk in top_k]).clamp(max=vocab)
         mask |= torch.arange(vocab).unsqueeze(0) >= k.unsqueeze(1)
     if use_p:
-        p = torch.tensor(top_p, dtype=logits.dtype).unsqueeze(1)
+        p = _top_p_tensor(top_p, logits.dtype).unsqueeze(1)
         probs = torch.softmax(sorted_logits.masked_fill(mask, float("-inf")), dim=-1)
         # Drop a token when the mass strictly before it already reaches top_p; the most
         # likely token always survives.
