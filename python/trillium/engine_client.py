@@ -174,12 +174,14 @@ class EngineClient:
         add_special_tokens: bool = True,
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        suffix: str | None = None,
     ) -> list[int]:
         """Encode a prompt (raw text or chat messages). Raises TokenizeError or EngineOverloaded.
 
         ``add_special_tokens`` applies to raw text (BOS); chat messages get the template's own.
         ``add_generation_prompt`` ends a chat with the assistant turn's header; ``tools`` are
-        given to a chat template that renders them."""
+        given to a chat template that renders them; ``suffix`` makes raw text a fill-in-the-middle
+        prompt (the model must have FIM tokens)."""
         result: TokenizeResult = await ask(
             self._tokenizer,
             "tokenizer",
@@ -189,6 +191,7 @@ class EngineClient:
                 add_special_tokens=add_special_tokens,
                 add_generation_prompt=add_generation_prompt,
                 tools=tools,
+                suffix=suffix,
                 reply=reply,
             ),
         )
@@ -361,6 +364,7 @@ class RequestStream:
         self._on_end = on_end  # called once, when the engine is done with the request
         self._detok = IncrementalDetokenizer(client.tokenizer, skip_special_tokens=sampling.skip_special_tokens)
         self._stop = StopStringMatcher(sampling.stop)
+        self._eos = client.tokenizer.eos_token_ids
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -388,7 +392,10 @@ class RequestStream:
         self._engine_done = reason is not None
         if self._engine_done:
             self._ended()
-        text = self._detok.add(delta.token_ids)
+        shown = delta.token_ids
+        if reason == FinishReason.STOP and shown and shown[-1] in self._eos:
+            shown = shown[:-1]  # the end-of-turn token that stopped it is no text, special tokens shown or not
+        text = self._detok.add(shown)
         if reason is not None:
             text += self._detok.flush()
         text = self._stop.feed(text)

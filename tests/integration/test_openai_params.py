@@ -156,6 +156,20 @@ def test_stop_token_ids(openai_client, http):
     assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 3
 
 
+def test_the_end_of_turn_token_is_no_text_even_with_special_tokens_shown(openai_client):
+    # skip_special_tokens=false shows special tokens the model writes, but the one that ended the
+    # answer (<|im_end|>) is a stop, not content.
+    r = openai_client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hi."}],
+        max_tokens=60,
+        temperature=0,
+        extra_body={"skip_special_tokens": False},
+    )
+    assert r.choices[0].finish_reason == "stop"
+    assert "<|im_end|>" not in r.choices[0].message.content
+
+
 def test_echo_and_suffix(openai_client):
     r = complete(openai_client, prompt="The sea is", max_tokens=4, temperature=0, echo=True)
     assert r.choices[0].text.startswith("The sea is") and len(r.choices[0].text) > len("The sea is")

@@ -141,3 +141,30 @@ def test_template_errors_are_value_errors(tok: Tokenizer) -> None:
     broken = Tokenizer(tok._backend, vocab_size=tok.vocab_size, bos_token_id=1, eos_token_id=2, chat_template=template)
     with pytest.raises(ValueError, match="roles must alternate"):
         broken.apply_chat_template(CONVERSATION)
+
+
+def test_fill_in_the_middle_prompt() -> None:
+    """A vocabulary with FIM tokens (Qwen2.5-Coder's names) builds prefix-suffix-middle prompts;
+    the default model's has none, so it refuses (the server answers a suffix with a 400)."""
+    import trio
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    from trillium.protocol.messages import TokenizeRequest
+    from trillium.tokenizer.actor import TokenizerActor
+
+    words = ["def", "f", "(", ")", ":", "return", "x", "<unk>"]
+    backend = HFTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.add_special_tokens(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"])
+    fim = Tokenizer(backend, vocab_size=backend.get_vocab_size(), bos_token_id=None, eos_token_id=None)
+    assert fim.fim_token_ids == (8, 9, 10)
+    assert fim.fim_prompt("def f ( ) :", "return x") == [8, 0, 1, 2, 3, 4, 9, 5, 6, 10]
+    actor = TokenizerActor(fim, trio.open_memory_channel(1)[1])
+    assert actor.encode(TokenizeRequest(prompt="def f ( ) :", suffix="return x")) == fim.fim_prompt(
+        "def f ( ) :", "return x"
+    )
+    default = load_tokenizer(default_model_path())
+    assert default.fim_token_ids is None
+    with pytest.raises(ValueError, match="fill-in-the-middle"):
+        default.fim_prompt("a", "b")

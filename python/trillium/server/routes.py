@@ -200,7 +200,7 @@ class Routes:
         self._check_model(body.model)
         self._check_admission(account, body)
         self.limits.check_body(logit_bias=body.logit_bias, stop=body.stop)
-        if body.suffix:
+        if body.suffix and self.client.tokenizer.fim_token_ids is None:
             raise APIError("suffix is not supported: this model has no fill-in-the-middle tokens", param="suffix")
         logprobs = completion_logprobs(body)
         # echo + logprobs scores the prompt: each prompt token's logprob (and top k), as OpenAI's
@@ -220,14 +220,16 @@ class Routes:
         for k, item in enumerate(items):
             param = "prompt" if len(items) == 1 else f"prompt[{k}]"
             if isinstance(item, list):
+                if body.suffix:
+                    raise APIError("suffix needs text prompts (it is tokenized with them)", param="suffix")
                 self._check_length(len(item), sampling.max_tokens, param)  # before the O(len) checks
                 vocab = self.client.model_config.vocab_size
                 if any(not 0 <= t < vocab for t in item):
                     raise APIError(f"prompt token ids must be in [0, {vocab})", param=param)
                 prompts.append(item)
             else:
-                self.limits.check_prompt_chars(item, param)
-                prompts.append(await self._tokenize(prompt=item))
+                self.limits.check_prompt_chars(item + (body.suffix or ""), param)
+                prompts.append(await self._tokenize(prompt=item, suffix=body.suffix or None))
             self._check_length(len(prompts[-1]), sampling.max_tokens, param)
         longest = max(len(ids) for ids in prompts)
         num_choices = body.n * len(prompts)

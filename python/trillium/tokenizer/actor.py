@@ -82,4 +82,6 @@ class TokenizerActor(Actor):
             )
             return self.tokenizer.encode(text, add_special_tokens=False)
         assert message.prompt is not None  # EngineClient sets exactly one of prompt and messages
+        if message.suffix is not None:
+            return self.tokenizer.fim_prompt(message.prompt, message.suffix)
         return self.tokenizer.encode(message.prompt, add_special_tokens=message.add_special_tokens)

@@ -14,6 +14,8 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 from trillium.tokenizer.chat_template import render_chat_template
 
+# Fill-in-the-middle special tokens: Qwen2.5-Coder's, then StarCoder's (prefix, suffix, middle).
+_FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
 _END_PROBE = "\x00trillium-end-probe\x00"  # assistant content used to find the template's end token
 
 
@@ -51,6 +53,8 @@ class Tokenizer:
         if end is not None:
             eos.add(end)
         self.eos_token_ids: frozenset[int] = frozenset(eos)
+        # (prefix, suffix, middle) ids of a fill-in-the-middle vocabulary, else None
+        self.fim_token_ids = self._fim_token_ids()
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -125,6 +129,23 @@ class Tokenizer:
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             ids = [self.bos_token_id, *ids]
         return ids
+
+    def fim_prompt(self, prefix: str, suffix: str) -> list[int]:
+        """A fill-in-the-middle prompt in prefix-suffix-middle order, as StarCoder and Qwen2.5-Coder
+        were trained (``<fim_prefix>`` prefix ``<fim_suffix>`` suffix ``<fim_middle>``, BOS first
+        when the model adds one): the model writes the middle. ValueError without FIM tokens."""
+        if self.fim_token_ids is None:
+            raise ValueError("this model has no fill-in-the-middle tokens")
+        pre, suf, mid = self.fim_token_ids
+        bos = [self.bos_token_id] if self.add_bos_token and self.bos_token_id is not None else []
+        return [*bos, pre, *self.encode(prefix), suf, *self.encode(suffix), mid]
+
+    def _fim_token_ids(self) -> tuple[int, int, int] | None:
+        for names in _FIM_TOKENS:
+            pre, suf, mid = (self._backend.token_to_id(name) for name in names)
+            if pre is not None and suf is not None and mid is not None and max(pre, suf, mid) < self.vocab_size:
+                return pre, suf, mid
+        return None
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Text for ``ids``; an incomplete UTF-8 sequence decodes to U+FFFD."""

@@ -43,6 +43,7 @@ def tool_grammar(
         opener, body = "<tool_call>", 'call_body: "\\n" fn "\\n" </tool_call>'
     else:
         opener, body = '"<tool_call>"', 'call_body: "\\n" fn "\\n</tool_call>"'
+    # Calls are separated by one newline: a free run of whitespace let a model pad to max_tokens.
     rest = f" (SEP {opener} call_body)*" if parallel else ""
     if choice.mode == "auto":
         if special_tags:  # special tokens never occur in text: no need to keep the opener out of it
@@ -51,8 +52,8 @@ def tool_grammar(
         else:
             start = f"start: TEXT | head call_body{rest}\nhead[lazy]: /(?s:.*)<tool_call>/"
             text = r"TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/"
-        return "\n".join([start, text, r"SEP: /[ \n]*/", body, *lines])
-    return "\n".join([f"start: {opener} call_body{rest}", r"SEP: /[ \n]*/", body, *lines])
+        return "\n".join([start, text, r"SEP: /\n/", body, *lines])
+    return "\n".join([f"start: {opener} call_body{rest}", r"SEP: /\n/", body, *lines])
 
 
 def _call_schema(tool: FunctionTool, args_key: str) -> dict[str, Any]:
