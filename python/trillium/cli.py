@@ -69,6 +69,8 @@ _LIMIT_FLAGS = {
     "max_output_tokens": "n x max_tokens of one request (default: 4 x max-model-len)",
     "max_grammar_bytes": "size of a structured-output constraint as JSON (default: 262144)",
     "max_kv_tokens": "n x (prompt + max_tokens) of one request (default: the KV cache's size in tokens)",
+    "max_prompts": "prompts in one completions request (default: 256)",
+    "max_prompt_logprobs": "prompt logprob entries of one request: prompt tokens x (k + 1) x choices (default: 65536)",
 }
 
 

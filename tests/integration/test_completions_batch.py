@@ -115,3 +115,27 @@ def test_chat_prompt_logprobs(http):
         "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": -1}
     )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_siblings_share_their_prompts_logprobs_and_offsets_follow_the_tokens(http):
+    body = complete(http, prompt=[[1, 504, 3050, 314]], max_tokens=3, n=2, echo=True, logprobs=1, prompt_logprobs=1)
+    first, second = body["choices"]
+    assert first["prompt_logprobs"] == second["prompt_logprobs"] and first["prompt_logprobs"][0] is None
+    for choice in body["choices"]:
+        lp = choice["logprobs"]
+        assert lp["token_logprobs"][:4] == first["logprobs"]["token_logprobs"][:4]
+        # offsets never go back, and each token starts where the tokens before it end
+        assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": ["x"] * 257, "max_tokens": 1}, "prompt"),  # more prompts than --max-prompts
+        ({"prompt": "word " * 1700, "max_tokens": 1, "prompt_logprobs": 20, "n": 2}, "prompt_logprobs"),
+    ],
+)
+def test_batch_and_prompt_logprob_limits(http, body, param):
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and r.json()["error"]["code"] == "limit_exceeded"

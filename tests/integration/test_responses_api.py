@@ -26,7 +26,7 @@ WEATHER_TOOL = {
 }
 
 
-def test_text_input_with_instructions(openai_client):
+def test_text_input_with_instructions(openai_client, http):
     r = openai_client.responses.create(
         model=MODEL, input="Name three colors.", instructions="Answer briefly.", max_output_tokens=24, temperature=0
     )
@@ -35,6 +35,10 @@ def test_text_input_with_instructions(openai_client):
     assert r.output_text
     assert r.usage.input_tokens > 10 and 0 < r.usage.output_tokens <= 24
     assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    # the prompt is the instructions and the input, once each
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name three colors."}]
+    tokenized = http.post("/tokenize", json={"messages": messages}).json()
+    assert r.usage.input_tokens == tokenized["count"]
     cut = openai_client.responses.create(model=MODEL, input="Tell me a long story.", max_output_tokens=3)
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
     assert cut.usage.output_tokens == 3

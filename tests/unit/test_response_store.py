@@ -35,3 +35,13 @@ def test_a_response_belongs_to_its_tenant():
     item = store.get("r", "alice")
     assert item is not None and item.conversation[0].content == "secret"
     assert store.delete("r", "alice") and store.get("r", "alice") is None and store.num_bytes == 0
+
+
+def test_one_tenant_cannot_push_out_the_others():
+    store = ResponseStore(max_responses=100, max_bytes=10**6, max_per_tenant=3)
+    store.put("alice-1", "alice", conversation("a"), {"id": "alice-1"})
+    for i in range(50):
+        store.put(f"mallory-{i}", "mallory", conversation("m"), {"id": i})
+    assert store.get("alice-1", "alice") is not None
+    assert [store.get(f"mallory-{i}", "mallory") is not None for i in (46, 47, 48, 49)] == [False, True, True, True]
+    assert len(store) == 4

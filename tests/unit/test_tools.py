@@ -159,6 +159,19 @@ def test_a_broken_call_is_content_never_a_call(text):
     assert content.replace(" ", "") == text.replace(" ", "")
 
 
+def test_a_closing_tag_inside_an_argument_does_not_end_the_call():
+    # The grammar lets "</tool_call>" appear inside a JSON string: the call ends after its object.
+    text = '<tool_call>\n{"name":"get_weather","arguments":{"city":"a</tool_call>b"}}\n</tool_call>'
+    for step in (1, 4, len(text)):
+        content, calls = run(make_parser(FALLBACK, NAMES), [text[i : i + step] for i in range(0, len(text), step)])
+        assert (content, calls) == ("", [("get_weather", {"city": "a</tool_call>b"})])
+    # not an object: content up to the first closing tag, then parsing goes on
+    content, calls = run(
+        make_parser(FALLBACK, NAMES), ["<tool_call>\nnope</tool_call> then " + call("get_time", {"tz": "X"})]
+    )
+    assert content == "<tool_call>\nnope</tool_call>then" and calls == [("get_time", {"tz": "X"})]
+
+
 def test_llama3_json_calls_and_text():
     fmt = ToolFormat("llama3_json", native=True)
     text = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "get_time", "parameters": {"tz": "UTC"}}'
@@ -166,6 +179,8 @@ def test_llama3_json_calls_and_text():
         content, calls = run(make_parser(fmt, NAMES), [text[i : i + step] for i in range(0, len(text), step)])
         assert (content, calls) == ("", [("get_weather", {"city": "Oslo"}), ("get_time", {"tz": "UTC"})])
     assert run(make_parser(fmt, NAMES), ["It is ", "sunny {really}"]) == ("It is sunny {really}", [])
+    # a call must start the reply: text that starts otherwise (whitespace included) is content
+    assert run(make_parser(fmt, NAMES), [' {"name": "get_time", "parameters": {"tz": "UTC"}}'])[1] == []
     assert run(make_parser(fmt, NAMES), ['{"name": "get_weather", "param']) == ('{"name": "get_weather", "param', [])
 
 

@@ -65,6 +65,9 @@ class InputLimits:
     max_output_tokens: int | None = None  # n x max_tokens; default: 4 x max_model_len
     max_grammar_bytes: int = 256 * 1024  # a constraint's JSON encoding (schema, regex, grammar, choices)
     max_kv_tokens: int | None = None  # n x (prompt + max_tokens); default: the whole KV pool
+    max_prompts: int = 256  # prompts in one completions request (each is tokenized on its own)
+    # prompt positions x (k + 1) x choices of prompt logprobs: each entry is ~1 KB of response
+    max_prompt_logprobs: int = 65536
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -84,11 +87,18 @@ class InputLimits:
     # ---- checks (each raises APIError naming the field) ----------------------------------------
 
     def check_body(
-        self, *, messages: list[Any] | None = None, logit_bias: dict[str, float] | None = None, stop: Any = None
+        self,
+        *,
+        messages: list[Any] | None = None,
+        logit_bias: dict[str, float] | None = None,
+        stop: Any = None,
+        prompts: list[Any] | None = None,
     ) -> None:
         """Counts taken straight from the decoded body, before any per-item work."""
         if messages is not None and len(messages) > self.max_messages:
             raise _too_many("messages", len(messages), "messages", self.max_messages, "--max-messages")
+        if prompts is not None and len(prompts) > self.max_prompts:
+            raise _too_many("prompt", len(prompts), "prompts", self.max_prompts, "--max-prompts")
         if logit_bias is not None and len(logit_bias) > self.max_logit_bias:
             raise _too_many("logit_bias", len(logit_bias), "entries", self.max_logit_bias, "--max-logit-bias")
         if stop is not None:
@@ -131,6 +141,17 @@ class InputLimits:
         num_chars = sum(len(m["role"]) + len(m["content"]) for m in messages)
         if num_chars > self.max_prompt_chars:
             raise _too_many(param, num_chars, "characters", self.max_prompt_chars, "--max-prompt-chars")
+
+    def check_prompt_logprobs(self, num_positions: int, k: int | None, num_choices: int) -> None:
+        """Prompt logprobs returned by one request: positions (over its prompts) x (k + 1) x the
+        choices that carry them; the response holds them all at once."""
+        if k is None:
+            return
+        entries = num_positions * (k + 1) * num_choices
+        if entries > self.max_prompt_logprobs:
+            raise _too_many(
+                "prompt_logprobs", entries, "prompt logprob entries", self.max_prompt_logprobs, "--max-prompt-logprobs"
+            )
 
     def check_token_ids(self, token_ids: list[int], param: str) -> None:
         """Token ids to detokenize: decoding cost grows with them as encoding's does with characters."""

@@ -59,8 +59,12 @@ class ChoiceFanout:
         self._active: list[int] = []
         self._cursor = 0
         self._decided: set[int] = set()  # first choices whose siblings were started (or never will be)
-        for prompt in range(num_prompts):
-            self._firsts.append(self._start(prompt * n))
+        try:
+            for prompt in range(num_prompts):
+                self._firsts.append(self._start(prompt * n))
+        except BaseException:  # refused part-way (a full queue): nobody will read those opened
+            self.abort()
+            raise
 
     def _start(self, i: int) -> RequestStream:
         stream = self._open(i)

@@ -2,8 +2,9 @@
 
 In this process's memory only (a restart forgets them, as it forgets the prefix cache), bounded
 twice: at most ``max_responses`` responses and ``max_bytes`` of their encoded conversations and
-bodies, oldest out first. A response belongs to its tenant: another API key cannot read it or
-continue from it.
+bodies, oldest out first; and at most ``max_per_tenant`` of one tenant's (its oldest out first), so
+that one API key cannot push everyone else's out. A response belongs to its tenant: another API
+key cannot read it or continue from it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from trillium.server.schema import ChatMessage
 
 MAX_RESPONSES = 1024
 MAX_BYTES = 64 * 1024 * 1024
+MAX_PER_TENANT = 256
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,14 @@ class StoredResponse:
 
 
 class ResponseStore:
-    def __init__(self, max_responses: int = MAX_RESPONSES, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(
+        self, max_responses: int = MAX_RESPONSES, max_bytes: int = MAX_BYTES, max_per_tenant: int = MAX_PER_TENANT
+    ) -> None:
         self.max_responses = max_responses
         self.max_bytes = max_bytes
+        self.max_per_tenant = max_per_tenant
         self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._by_tenant: dict[str, OrderedDict[str, None]] = {}  # each tenant's ids, oldest first
         self.num_bytes = 0
 
     def __len__(self) -> int:
@@ -45,22 +51,32 @@ class ResponseStore:
         if size > self.max_bytes:
             return
         self._items[response_id] = StoredResponse(tenant, conversation, body, size)
+        self._by_tenant.setdefault(tenant, OrderedDict())[response_id] = None
         self.num_bytes += size
+        own = self._by_tenant[tenant]
+        while len(own) > self.max_per_tenant:
+            self._remove(next(iter(own)))
         while len(self._items) > self.max_responses or self.num_bytes > self.max_bytes:
-            _, old = self._items.popitem(last=False)
-            self.num_bytes -= old.size
+            self._remove(next(iter(self._items)))
 
     def get(self, response_id: str, tenant: str) -> StoredResponse | None:
         item = self._items.get(response_id)
         if item is None or item.tenant != tenant:
             return None
         self._items.move_to_end(response_id)
+        self._by_tenant[tenant].move_to_end(response_id)
         return item
 
     def delete(self, response_id: str, tenant: str) -> bool:
-        item = self.get(response_id, tenant)
-        if item is None:
+        if self.get(response_id, tenant) is None:
             return False
-        del self._items[response_id]
-        self.num_bytes -= item.size
+        self._remove(response_id)
         return True
+
+    def _remove(self, response_id: str) -> None:
+        item = self._items.pop(response_id)
+        self.num_bytes -= item.size
+        own = self._by_tenant[item.tenant]
+        del own[response_id]
+        if not own:
+            del self._by_tenant[item.tenant]

@@ -65,7 +65,7 @@ class ResponsesRoutes:
                     )
                 history = stored.conversation
             conversation = history + input_messages(body)
-            chat = chat_request(body, conversation)
+            chat = chat_request(body, history)
             with _responses_params():
                 prompt_ids, sampling, calling = await self.routes.prepare_chat(chat, account)
             fanout = await self.routes.start(chat, [prompt_ids], sampling, account)

@@ -172,10 +172,11 @@ class Routes:
         self._check_structured(body, sampling)
         if calling.active:
             sampling = self._tool_sampling(calling, sampling)
-        self.limits.check_prompt_chars(messages, "messages")
+        self.limits.check_prompt_chars(_with_tool_text(messages, template_tools), "messages")
         prompt_ids = await self._tokenize(messages=messages, tools=template_tools)
         self._check_length(len(prompt_ids), sampling.max_tokens, "messages")
         self._check_tokens(len(prompt_ids), sampling.max_tokens, body.n)
+        self.limits.check_prompt_logprobs(len(prompt_ids), sampling.prompt_logprobs, 1)  # chat: once, at the top
         sampling = self._limit_tokens(account, sampling, len(prompt_ids), body.n)
         return prompt_ids, sampling, calling if calling.active else None
 
@@ -199,7 +200,8 @@ class Routes:
         body = decode_body(await request.body(), CompletionRequest)
         self._check_model(body.model)
         self._check_admission(account, body)
-        self.limits.check_body(logit_bias=body.logit_bias, stop=body.stop)
+        items = _prompt_items(body.prompt)
+        self.limits.check_body(logit_bias=body.logit_bias, stop=body.stop, prompts=items)
         if body.suffix and self.client.tokenizer.fim_token_ids is None:
             raise APIError("suffix is not supported: this model has no fill-in-the-middle tokens", param="suffix")
         logprobs = completion_logprobs(body)
@@ -215,7 +217,8 @@ class Routes:
             prompt_logprobs=max(wanted) if wanted else None,
         )
         self._check_structured(body, sampling)
-        items = _prompt_items(body.prompt)
+        num_choices = body.n * len(items)
+        self._check_tokens(1, sampling.max_tokens, num_choices)  # its least, before tokenizing them all
         prompts: list[list[int]] = []
         for k, item in enumerate(items):
             param = "prompt" if len(items) == 1 else f"prompt[{k}]"
@@ -232,8 +235,8 @@ class Routes:
                 prompts.append(await self._tokenize(prompt=item, suffix=body.suffix or None))
             self._check_length(len(prompts[-1]), sampling.max_tokens, param)
         longest = max(len(ids) for ids in prompts)
-        num_choices = body.n * len(prompts)
         self._check_tokens(longest, sampling.max_tokens, num_choices)
+        self.limits.check_prompt_logprobs(sum(len(ids) for ids in prompts), sampling.prompt_logprobs, body.n)
         sampling = account.limit_tokens(
             sampling, sum(len(ids) for ids in prompts), num_choices, self.client.max_model_len - longest
         )
@@ -421,7 +424,11 @@ class Routes:
                 seed = sampling.seed + j
                 if seed > SEED_MAX:  # wrap within the 64 bits a generator takes
                     seed -= 2**64
-                choice_sampling = msgspec.structs.replace(sampling, seed=seed)
+                choice_sampling = msgspec.structs.replace(choice_sampling, seed=seed)
+            if j > 0 and sampling.prompt_logprobs is not None:
+                # The prompt's logprobs are its first choice's (the response copies them); without
+                # them a sibling reuses the prompt's blocks from the prefix cache.
+                choice_sampling = msgspec.structs.replace(choice_sampling, prompt_logprobs=None)
             choice_id = request_id if i == 0 else f"{request_id}-{i}"
             return self.client.open_stream(
                 choice_id,
@@ -492,6 +499,9 @@ class _ChoiceLogprobs:
         new = self.formatter.completion_prompt(prompt_ids, logprobs)
         for key, values in new.items():
             self.completion[key][:0] = values
+        # The generated tokens' offsets follow the prompt's tokens (whose text may differ from the
+        # echoed prompt by special tokens such as a BOS): offsets stay consistent with ``tokens``.
+        self.offset = sum(len(t) for t in new["tokens"])
         return new
 
     def result(self) -> JSONObject | list[JSONObject]:
@@ -505,9 +515,19 @@ class _Echo:
     prompts: list[list[int]]
     texts: list[str] | None  # each prompt's text, with ``echo``
     logprobs: bool  # echo + logprobs: the prompt tokens' logprobs lead each choice's logprobs
+    # each prompt's logprobs, from its first choice (the only one that computes them)
+    prompt_logprobs: dict[int, PromptLogprobs] = dataclasses.field(default_factory=dict)
 
     def text(self, prompt: int) -> str:
         return self.texts[prompt] if self.texts is not None else ""
+
+
+def _with_tool_text(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """``messages`` for the prompt-size check, counting what a native template also renders: the
+    tools' definitions and earlier calls' arguments (message content alone would miss them)."""
+    extra = [msgspec.json.encode(tools).decode()] if tools else []
+    extra += [msgspec.json.encode(m["tool_calls"]).decode() for m in messages if m.get("tool_calls")]
+    return [*messages, {"role": "", "content": "".join(extra)}] if extra else messages
 
 
 def _prompt_items(prompt: str | list[Any]) -> list[str | list[int]]:
@@ -528,13 +548,17 @@ def _prompt_items(prompt: str | list[Any]) -> list[str | list[int]]:
 def _prompt_logprobs(
     shape: ResponseShape, echo: _Echo, prompt: int, out: StreamOutput, choice: _ChoiceLogprobs | None
 ) -> tuple[JSONObject | None, list[JSONObject | None] | None]:
-    """On a choice's output that carries its prompt logprobs: (the echoed prompt's logprobs in the
-    completions shape, vLLM's ``prompt_logprobs``), each None when not asked for."""
-    if out.prompt_logprobs is None:
+    """On a choice's first output: (the echoed prompt's logprobs in the completions shape, vLLM's
+    ``prompt_logprobs``), each None when not asked for. A prompt's first choice brings them; its
+    siblings, started after that, get the same."""
+    if out.prompt_logprobs is not None:
+        echo.prompt_logprobs[prompt] = out.prompt_logprobs
+    logprobs = echo.prompt_logprobs.get(prompt)
+    if logprobs is None:
         return None, None
     ids = echo.prompts[prompt]
-    echoed = choice.add_prompt(ids, out.prompt_logprobs) if echo.logprobs and choice is not None else None
-    vllm = shape.prompt_logprobs.vllm_prompt(ids, out.prompt_logprobs) if shape.prompt_logprobs else None
+    echoed = choice.add_prompt(ids, logprobs) if echo.logprobs and choice is not None else None
+    vllm = shape.prompt_logprobs.vllm_prompt(ids, logprobs) if shape.prompt_logprobs else None
     return echoed, vllm
 
 
@@ -546,13 +570,15 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
         _ChoiceLogprobs(shape.logprobs, len(echo.text(i // per_prompt))) if shape.logprobs else None for i in range(n)
     ]
     vllm_prompt: list[list[JSONObject | None] | None] = [None] * n
+    started = [False] * n
     try:
         while (item := await fanout.next()) is not None:
             i, out = item
             parts[i].append(out.text)
             choice_logprobs = logprobs[i]
-            _, vllm = _prompt_logprobs(shape, echo, i // per_prompt, out, choice_logprobs)
-            vllm_prompt[i] = vllm or vllm_prompt[i]
+            if not started[i]:
+                started[i] = True
+                _, vllm_prompt[i] = _prompt_logprobs(shape, echo, i // per_prompt, out, choice_logprobs)
             if choice_logprobs is not None:
                 choice_logprobs.add(out.token_ids, out.logprobs)
             if out.finish_reason == FinishReason.ERROR:

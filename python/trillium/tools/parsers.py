@@ -76,21 +76,20 @@ class HermesParser(ToolCallParser):
         super().__init__(names, ("arguments",))
         self._buf = ""
         self._in_call = False
+        self._decoder = json.JSONDecoder()
 
     def feed(self, text: str) -> list[Event]:
         self._buf += text
         events: list[Event] = []
         while True:
             if self._in_call:
-                end = self._buf.find(CLOSE)
-                if end < 0:
+                found = self._call_end()
+                if found is None:
                     return events
-                body, self._buf = self._buf[:end], self._buf[end + len(CLOSE) :].lstrip()
+                body_end, end, obj = found
+                body, self._buf = self._buf[:body_end], self._buf[end:].lstrip()
                 self._in_call = False
-                try:
-                    ready = self._call(json.loads(body))
-                except json.JSONDecodeError:
-                    ready = None
+                ready = self._call(obj) if obj is not None else None
                 events.append(ready or ContentDelta(f"{OPEN}{body}{CLOSE}"))
                 continue
             start = self._buf.find(OPEN)
@@ -109,6 +108,27 @@ class HermesParser(ToolCallParser):
                 events.append(ContentDelta(self._buf[:cut]))
                 self._buf = self._buf[cut:]
             return events
+
+    def _call_end(self) -> tuple[int, int, Any] | None:
+        """Where the call in the buffer ends: (end of its body, end of its closing tag, the parsed
+        object or None if it is no valid call text), or None while it may still go on. The object
+        is parsed before the closing tag is looked for, so a closing tag inside one of its strings
+        does not end the call. An unfinished object waits (for the rest, or for :meth:`finish`)."""
+        start = len(self._buf) - len(self._buf.lstrip())
+        after = None
+        if self._buf[start : start + 1] == "{":
+            try:
+                obj, after = self._decoder.raw_decode(self._buf, start)
+            except json.JSONDecodeError:
+                return None  # unfinished (a grammar never lets it be invalid; finish() flushes it)
+            stripped = self._buf[after:].lstrip()
+            if stripped.startswith(CLOSE):
+                end = len(self._buf) - len(stripped)
+                return end, end + len(CLOSE), obj
+            if CLOSE.startswith(stripped):
+                return None  # the closing tag is still arriving
+        close = self._buf.find(CLOSE, after or 0)  # no valid call: content up to the closing tag
+        return (close, close + len(CLOSE), None) if close >= 0 else None
 
     def finish(self) -> list[Event]:
         rest = (OPEN if self._in_call else "") + self._buf
@@ -133,7 +153,9 @@ class Llama3JsonParser(ToolCallParser):
             return [ContentDelta(text)] if text else []
         self._buf += text
         if self._mode is None:
-            head = self._buf.lstrip()
+            # Calls start the reply: "{" right away, or after <|python_tag|> (the grammar's text
+            # may not start with "{"; text that starts otherwise is content, never a call).
+            head = self._buf
             if head.startswith(PYTHON_TAG):
                 head = head[len(PYTHON_TAG) :].lstrip()
             if not head or PYTHON_TAG.startswith(head):
