@@ -190,6 +190,10 @@ def trillium_command(port: int, slots: int) -> list[str]:
         # tokens, fewer than 64 streams of 256 + 128 need, and preemption would be measured.
         "--kv-cache-gib",
         "2",
+        # The engine's own per-token cost, comparable across rounds; bench/speculative.py measures
+        # the n-gram speculation trillium runs by default.
+        "--speculative-config",
+        "off",
     ]
 
 

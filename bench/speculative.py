@@ -11,7 +11,8 @@
         --speculative-config '{"model": "DIR/qwen2.5-coder-0.5b-instruct.gguf", "num_speculative_tokens": 4}'
 
 Each round starts ``trillium serve`` twice, one server at a time (default model and flags, or
-``--model`` / ``--serve-args``): once plain ("off") and once with ``--speculative-config`` ("on",
+``--model`` / ``--serve-args``): once with ``--speculative-config off`` ("off"; n-gram speculation
+is trillium's default) and once with ``--speculative-config`` ("on",
 default: n-gram prompt lookup, k = 5, n <= 4). Rounds alternate the order (off/on, on/off, ...) so
 that drift on a shared machine hits both alike. Every server gets two warm-up requests, then runs
 each workload at each concurrency, a closed loop of streamed chat completions
@@ -270,7 +271,7 @@ async def measure_server(base_url: str, workloads: dict[str, list[Prompt]], args
 def serve_args(args: argparse.Namespace, mode: str) -> list[str]:
     extra = ["--model", args.model] if args.model else []
     extra += args.serve_args
-    return [*extra, "--speculative-config", args.speculative_config] if mode == "on" else extra
+    return [*extra, "--speculative-config", args.speculative_config if mode == "on" else "off"]
 
 
 def run_rounds(args: argparse.Namespace, workloads: dict[str, list[Prompt]]) -> tuple[list[dict], dict]:

@@ -496,6 +496,7 @@ async def profile(args: argparse.Namespace) -> list[dict[str, Any]]:
         kv_cache_gib=args.kv_cache_gib,
         max_running=max(64, *args.batches),
         num_threads=args.num_threads,
+        speculative_config=None,  # one token per request and step: the decode step is what is profiled
     )
     engine = Engine(config, progress=False)
     try:

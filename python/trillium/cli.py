@@ -51,7 +51,8 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         "--speculative-config",
         default=None,
         metavar="JSON",
-        help='speculative decoding, off by default; e.g. \'{"method": "ngram", "num_speculative_tokens": 5, '
+        help='speculative decoding: n-gram prompt lookup with 5 drafts by default, "off" turns it off; '
+        'e.g. \'{"method": "ngram", "num_speculative_tokens": 5, '
         '"prompt_lookup_max": 4}\' or \'{"method": "draft", "model": PATH, "num_speculative_tokens": 4}\' '
         "(off for a step once disable_by_batch_size requests run: measured at start-up unless given)",
     )
@@ -95,8 +96,13 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_cache=args.enable_prefix_cache,
         weights=args.weights,
         step_timeout_s=getattr(args, "step_timeout", 30.0),
-        speculative_config=getattr(args, "speculative_config", None),
+        **_speculation(getattr(args, "speculative_config", None)),
     )
+
+
+def _speculation(flag: str | None) -> dict[str, str]:
+    """``--speculative-config`` as EngineConfig's argument: not given, EngineConfig's default stands."""
+    return {"speculative_config": flag} if flag is not None else {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,9 @@ def resolve_dtype(name: str) -> str:
 SPECULATIVE_METHODS = ("ngram", "draft")
 
 
+SPECULATION_OFF = ("off", "none")  # --speculative-config values that turn speculation off
+
+
 @dataclasses.dataclass(frozen=True)
 class SpeculativeConfig:
     """How drafts are proposed, and when speculation stands aside.
@@ -127,9 +130,13 @@ class EngineConfig:
     # activations to int8 (llama.cpp's way: faster, approximate); dense: always dequantize.
     weights: str = "auto"
     num_threads: int | None = None  # torch / OpenMP threads; None = TRILLIUM_NUM_THREADS or all cores
-    # Speculative decoding: None (off), a SpeculativeConfig, or its JSON / dict (vLLM's
-    # ``--speculative-config``: {"method": "ngram", "num_speculative_tokens": 5, ...}).
-    speculative_config: SpeculativeConfig | str | dict[str, object] | None = None
+    # Speculative decoding: n-gram prompt lookup by default (bench/speculative.py: it gained at every
+    # concurrency measured, 1.0-1.6x, and is lossless); None or "off" turns it off; else a
+    # SpeculativeConfig or its JSON / dict (vLLM's ``--speculative-config``: {"method": "ngram",
+    # "num_speculative_tokens": 5, ...}).
+    speculative_config: SpeculativeConfig | str | dict[str, object] | None = dataclasses.field(
+        default_factory=SpeculativeConfig
+    )
     # Whether ``dtype`` was ``auto``: the engine may then still pick fp32 for quantized weights.
     dtype_auto: bool = dataclasses.field(default=False, init=False)
 
@@ -147,8 +154,11 @@ class EngineConfig:
             raise ValueError(f"step_timeout_s must be positive, got {self.step_timeout_s}")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
-        if self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
-            self.speculative_config = SpeculativeConfig.from_json(self.speculative_config)
+        spec = self.speculative_config
+        if isinstance(spec, str) and spec.strip().lower() in SPECULATION_OFF:
+            self.speculative_config = None
+        elif spec is not None and not isinstance(spec, SpeculativeConfig):
+            self.speculative_config = SpeculativeConfig.from_json(spec)
         if self.num_threads is None and os.environ.get("TRILLIUM_NUM_THREADS"):
             self.num_threads = int(os.environ["TRILLIUM_NUM_THREADS"])
 

@@ -93,7 +93,8 @@ def test_quick_run(tmp_path):
     assert "| workload | streams |" in proc.stdout
     doc = json.loads(result.read_text())
     assert [{k: v for k, v in r.items() if k != "mismatch_details"} for r in doc["rows"]] == rows
-    assert "--speculative-config" in doc["servers"]["on"] and "--speculative-config" not in doc["servers"]["off"]
+    assert '--speculative-config {"method"' in doc["servers"]["on"]
+    assert doc["servers"]["off"].endswith("--speculative-config off")
     (round_1,) = doc["rounds"]
     for mode in ("off", "on"):
         for run in round_1[mode]:

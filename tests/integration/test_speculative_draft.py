@@ -78,7 +78,7 @@ def engines(tmp_path_factory):
     shallow_path = str(tmp_path_factory.mktemp("draft") / "smollm2-28-layers.gguf")
     write_gguf_variant(path, shallow_path, num_layers=28)
     llms = types.SimpleNamespace(
-        plain=LLM(progress=False),
+        plain=LLM(progress=False, speculative_config=None),
         itself=LLM(progress=False, speculative_config=draft_config(path)),
         shallow=LLM(
             progress=False,

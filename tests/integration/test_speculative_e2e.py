@@ -29,7 +29,7 @@ COPY = [
 
 @pytest.fixture(scope="module")
 def engines():
-    plain = LLM(progress=False)
+    plain = LLM(progress=False, speculative_config=None)
     spec = LLM(progress=False, speculative_config='{"method": "ngram", "num_speculative_tokens": 4}')
     yield plain, spec
     plain.engine.close()

@@ -109,6 +109,28 @@ def test_gbnf_grammar_is_accepted(compiler, tok):
 # ---- grammar actor ----------------------------------------------------------------------------
 
 
+def test_a_step_mixing_drafting_and_plain_constrained_requests_fills_every_row(compiler, tok):
+    # With speculation on, one constrained request may verify drafts while another has none this
+    # step: llguidance's draft fill refuses an empty draft list, so the two kinds are filled apart.
+    grammar = compiler.compile(StructuredOutputs(json=PERSON))
+    drafting, plain = grammar.new_matcher(), grammar.new_matcher()
+    drafts = tok.encode('{"name"', add_special_tokens=False)
+    filler = BitmaskFiller(8, tok.vocab_size, num_threads=1)
+    try:
+        step = filler.begin_step([(0, drafting, drafts), (1, plain, [])], 2)
+        assert step is not None
+        step.wait()
+        rows = step.tensor.clone()
+        assert rows.shape[0] == len(drafts) + 2
+        alone = filler.begin_step([(0, plain, [])], 1)
+        assert alone is not None
+        alone.wait()
+        assert torch.equal(rows[0], alone.tensor[0]) and torch.equal(rows[-1], alone.tensor[0])  # both at the start
+        assert not torch.equal(rows[1], rows[0])  # after the first draft: another mask
+    finally:
+        filler.close()
+
+
 async def test_actor_compiles_caches_and_times_out(compiler):
     send, recv = open_inbox(4)
     actor = GrammarActor(compiler, recv)

@@ -114,10 +114,13 @@ class BitmaskFiller:
     def _fill(self, jobs: list[tuple[llguidance.LLMatcher, int, list[int]]], tensor: torch.Tensor) -> None:
         start = time.perf_counter()
         row_bytes, num_rows = tensor.shape[1] * 4, tensor.shape[0]
-        if any(drafts for _, _, drafts in jobs):
-            self._executor.unsafe_compute_mask_ptr_with_draft_token(jobs, tensor.data_ptr(), row_bytes, num_rows)
-        else:
-            plain = [(matcher, row) for matcher, row, _ in jobs]
+        # llguidance's draft-token fill refuses a job without drafts: those go to the plain fill
+        # (each call writes only its jobs' rows of the one tensor).
+        drafting = [job for job in jobs if job[2]]
+        plain = [(matcher, row) for matcher, row, drafts in jobs if not drafts]
+        if drafting:
+            self._executor.unsafe_compute_mask_ptr_with_draft_token(drafting, tensor.data_ptr(), row_bytes, num_rows)
+        if plain:
             self._executor.unsafe_compute_mask_ptr(plain, tensor.data_ptr(), row_bytes, num_rows)
         self.fill_seconds += time.perf_counter() - start
 
