@@ -143,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     hash_key = sub.add_parser("hash-key", help="print a new API key and its hash for the config file")
     hash_key.add_argument("--stdin", action="store_true", help="hash the keys read from stdin, one per line")
 
+    inspect = sub.add_parser("inspect", help="what a model file is and what serving it takes, without loading it")
+    inspect.add_argument(
+        "path", nargs="?", default=None, help="a .gguf file or Hugging Face directory (default: embedded)"
+    )
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
     chat = sub.add_parser("chat", help="chat with the model in the terminal")
     _engine_args(chat)
     chat.add_argument("--system", default=None, help="system prompt")
@@ -179,6 +185,14 @@ def main(argv: list[str] | None = None) -> int:
                 tenant=args.tenant,
                 as_json=args.json,
             )
+        except (ValueError, OSError) as exc:
+            parser.error(str(exc))
+    if args.command == "inspect":
+        from trillium.model_info import print_report
+        from trillium.models import default_model_path
+
+        try:
+            return print_report(args.path or default_model_path(), args.json)
         except (ValueError, OSError) as exc:
             parser.error(str(exc))
     if args.command == "hash-key":

@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"engine_client"},
     {"launch"},
     {"server"},
-    {"serve", "llm", "chat"},
+    {"serve", "llm", "chat", "model_info"},
     {"cli", "__init__", "__main__"},
 ]
 LAYER_OF = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
