@@ -31,7 +31,10 @@ def test_quick_run():
         assert r["steps"] >= 2 and r["diagnostics"]["mixed_steps"] == 0, r
         for key in ("per_step_ms", "per_token_ms"):
             assert set(r[key]) == {part for part, _ in PARTS}, r[key]
-            assert all(v >= 0 for v in r[key].values()), r[key]
+            # "other" is the client's gap minus the rest: event-loop work that overlaps the next step
+            # on the other core can make it slightly negative (bench/step_profile.py says so)
+            assert all(v >= 0 for part, v in r[key].items() if part != "other"), r[key]
+            assert r[key]["other"] >= -0.25 * sum(v for part, v in r[key].items() if part != "other"), r[key]
         assert r["client_gap_ms"] > 0 and r["attributed_ms"] > 0
     table_rows = [line.split("|")[1].strip() for line in proc.stdout.splitlines() if line.startswith("| ")]
     for part, label in PARTS:
