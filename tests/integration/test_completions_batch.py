@@ -139,3 +139,28 @@ def test_batch_and_prompt_logprob_limits(http, body, param):
     r = http.post("/v1/completions", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param and r.json()["error"]["code"] == "limit_exceeded"
+
+
+def test_echo_with_zero_max_tokens_scores_the_prompt_alone(http):
+    prompt = "The quick brown fox jumps over the lazy dog."
+    ids = http.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
+    body = complete(http, prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+    (choice,) = body["choices"]
+    assert choice["text"] == prompt and choice["finish_reason"] == "length"
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(ids) and lp["token_logprobs"][0] is None
+    assert all(v < 0 for v in lp["token_logprobs"][1:])
+    assert body["usage"]["completion_tokens"] == 0 and body["usage"]["total_tokens"] == len(ids)
+    # the same scores as echo with a generated token, which follows them
+    longer = complete(http, prompt=prompt, max_tokens=1, echo=True, logprobs=0)["choices"][0]["logprobs"]
+    assert longer["token_logprobs"][: len(ids)] == lp["token_logprobs"]
+    streamed = ""
+    with http.stream(
+        "POST", "/v1/completions", json={"prompt": prompt, "max_tokens": 0, "echo": True, "stream": True}
+    ) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                streamed += "".join(c["text"] for c in json.loads(line[6:])["choices"])
+    assert streamed == prompt
+    bad = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 0})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"

@@ -205,12 +205,15 @@ class Routes:
         if body.suffix and self.client.tokenizer.fim_token_ids is None:
             raise APIError("suffix is not supported: this model has no fill-in-the-middle tokens", param="suffix")
         logprobs = completion_logprobs(body)
+        # max_tokens 0 with echo scores the prompt without generating (OpenAI's legacy API; eval
+        # harnesses use it): one token is generated and left out of the response.
+        score_only = bool(body.echo) and body.max_tokens == 0
         # echo + logprobs scores the prompt: each prompt token's logprob (and top k), as OpenAI's
         # legacy API did; vLLM's prompt_logprobs asks for the same in its own shape.
         wanted = [k for k in (logprobs if body.echo else None, body.prompt_logprobs) if k is not None]
         sampling = sampling_params(
             body,
-            body.max_tokens,
+            1 if score_only else body.max_tokens,
             default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
             vocab_size=self.client.model_config.vocab_size,
             logprobs=logprobs,
@@ -246,7 +249,7 @@ class Routes:
                 item if isinstance(item, str) else await self._detokenize(ids, "prompt")
                 for item, ids in zip(items, prompts)
             ]
-        return await self._run(body, prompts, sampling, account, chat=False, echo=echo)
+        return await self._run(body, prompts, sampling, account, chat=False, echo=echo, score_only=score_only)
 
     async def tokenize(self, request: Request) -> Response:
         """vLLM's ``POST /tokenize``: ``{prompt | messages}`` -> ``{count, max_model_len, tokens}``."""
@@ -379,15 +382,17 @@ class Routes:
         chat: bool,
         echo: list[str] | None = None,
         tool_calls: ToolCalling | None = None,
+        score_only: bool = False,
     ) -> Response:
         """Run the request's choices (``body.n`` per prompt) and answer in the endpoint's shape;
-        ``echo``: each prompt's text, to put before its choices' text (completions)."""
+        ``echo``: each prompt's text, to put before its choices' text (completions);
+        ``score_only``: leave the generated tokens out (echo with ``max_tokens: 0``)."""
         fanout = await self.start(body, prompts, sampling, account)
         tokenizer = self.client.tokenizer
         formatter = LogprobsFormatter(tokenizer, chat) if sampling.logprobs is not None else None
         vllm_prompt = LogprobsFormatter(tokenizer, chat) if body.prompt_logprobs is not None else None
         shape = ResponseShape(account.request_id, self.client.model_name, chat, formatter, tool_calls, vllm_prompt)
-        echoed = _Echo(prompts, echo, echo is not None and formatter is not None)
+        echoed = _Echo(prompts, echo, echo is not None and formatter is not None, score_only)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return account.streaming_response(
@@ -515,11 +520,23 @@ class _Echo:
     prompts: list[list[int]]
     texts: list[str] | None  # each prompt's text, with ``echo``
     logprobs: bool  # echo + logprobs: the prompt tokens' logprobs lead each choice's logprobs
+    score_only: bool = False  # max_tokens 0: the response holds the prompt alone
     # each prompt's logprobs, from its first choice (the only one that computes them)
     prompt_logprobs: dict[int, PromptLogprobs] = dataclasses.field(default_factory=dict)
 
     def text(self, prompt: int) -> str:
         return self.texts[prompt] if self.texts is not None else ""
+
+    def shown(self, out: StreamOutput) -> StreamOutput:
+        """``out`` as the response shows it: without its generated tokens when scoring only."""
+        if not self.score_only:
+            return out
+        return dataclasses.replace(out, text="", token_ids=[], logprobs=None)
+
+    def usage(self, usage: JSONObject) -> JSONObject:
+        if not self.score_only:
+            return usage
+        return {**usage, "completion_tokens": 0, "total_tokens": usage["prompt_tokens"]}
 
 
 def _with_tool_text(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -574,6 +591,7 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
     try:
         while (item := await fanout.next()) is not None:
             i, out = item
+            out = echo.shown(out)
             parts[i].append(out.text)
             choice_logprobs = logprobs[i]
             if not started[i]:
@@ -600,7 +618,7 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
         ("".join(text), reason, lp.result() if lp else None) for text, reason, lp in zip(parts, reasons, logprobs)
     ]
     return json_response(
-        shape.full(choices, fanout.usage(), vllm_prompt if shape.prompt_logprobs is not None else None)
+        shape.full(choices, echo.usage(fanout.usage()), vllm_prompt if shape.prompt_logprobs is not None else None)
     )
 
 
@@ -634,6 +652,7 @@ async def _sse_body(
             if item is None:
                 break
             i, out = item
+            out = echo.shown(out)
             choice_logprobs = logprobs[i]
             if not started[i]:
                 started[i] = True
@@ -676,7 +695,7 @@ async def _sse_body(
                 yield sse.event(shape.chunk(i, text, reason_name, logprobs=lp))
         account.finish()
         if include_usage:
-            yield sse.event(shape.usage_chunk(fanout.usage()))
+            yield sse.event(shape.usage_chunk(echo.usage(fanout.usage())))
         yield sse.DONE
     finally:
         fanout.abort()
