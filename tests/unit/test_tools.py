@@ -7,10 +7,7 @@ import json
 
 import pytest
 
-from trillium.models import default_model_path
 from trillium.protocol import StructuredOutputs
-from trillium.structured import GrammarCompiler, build_ll_tokenizer
-from trillium.tokenizer import load_tokenizer
 from trillium.tools import (
     ContentDelta,
     FunctionTool,
@@ -53,15 +50,15 @@ def run(parser, pieces):
 # ---- formats and prompts ------------------------------------------------------------------------
 
 
-def test_format_is_read_from_the_template():
+def test_format_is_read_from_the_template(tok):
     assert tool_format(None) == FALLBACK
-    assert tool_format(load_tokenizer(default_model_path()).chat_template) == FALLBACK  # no tools section
+    assert tool_format(tok.chat_template) == FALLBACK  # no tools section
     assert tool_format(QWEN_LIKE) == ToolFormat("hermes", native=True)
     assert tool_format("{% if tools %}<|python_tag|>{% endif %}") == ToolFormat("llama3_json", native=True)
     assert tool_format("{{ tools }} [TOOL_CALLS]") == FALLBACK  # a format we do not parse
 
 
-def test_fallback_describes_tools_and_renders_the_history_as_text():
+def test_fallback_describes_tools_and_renders_the_history_as_text(tok):
     history = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris and Rome?"},
@@ -87,7 +84,7 @@ def test_fallback_describes_tools_and_renders_the_history_as_text():
     )
     assert messages[3]["content"] == "<tool_response>\n18C\n</tool_response>\n<tool_response>\n25C\n</tool_response>"
     # the default model's template renders all of it
-    prompt = load_tokenizer(default_model_path()).apply_chat_template(messages)
+    prompt = tok.apply_chat_template(messages)
     assert "<tool_response>\n25C" in prompt and "# Tools" in prompt
 
 
@@ -185,16 +182,6 @@ def test_llama3_json_calls_and_text():
 
 
 # ---- grammar ------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer(default_model_path())
-
-
-@pytest.fixture(scope="module")
-def compiler(tok):
-    return GrammarCompiler(build_ll_tokenizer(tok, tok.vocab_size))
 
 
 def accepts(compiler, tok, grammar: str, text: str) -> bool:

@@ -1,11 +1,21 @@
 """Structured-output messages: the constraint a request asks for, and the grammar actor's
-compile request and reply."""
+compile request and reply; and how JSON is generated under any constraint."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a stub-only TypedDict
+
+# How every JSON constraint is generated (a JSON Schema, and the tool-call grammar's %json parts).
+# Compact JSON: no whitespace between tokens. A small model given free whitespace may pad with
+# newlines until max_tokens runs out; ", " / ": " would also be fine, but one form suffices.
+# oneOf is compiled as anyOf: exact when the branches are disjoint (nearly always in practice);
+# otherwise an output matching two branches gets through (JSONSchemaBench counts such cases).
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "coerce_one_of": True}
 
 
 class StructuredOutputs(msgspec.Struct, omit_defaults=True, kw_only=True, forbid_unknown_fields=True):

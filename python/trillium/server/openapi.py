@@ -65,6 +65,9 @@ class Operation:
     path: tuple[tuple[str, str], ...] = ()  # string path parameters: (name, description)
 
 
+_RESPONSE_PATH = "/v1/responses/{response_id}"
+_RESPONSE_ID = (("response_id", "The response's id (resp_...)."),)
+
 # (method, path) -> its entry. A route in app.py without one here fails build_app.
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/"): Operation(
@@ -125,21 +128,21 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=_GENERATE_ERRORS,
         auth=True,
     ),
-    ("GET", "/v1/responses/{response_id}"): Operation(
+    ("GET", _RESPONSE_PATH): Operation(
         "getResponse",
         "A stored response (store=true), while this server keeps it.",
         ok=(out.ResponseObject,),
         errors=(401, 404),
         auth=True,
-        path=(("response_id", "The response's id (resp_...)."),),
+        path=_RESPONSE_ID,
     ),
-    ("DELETE", "/v1/responses/{response_id}"): Operation(
+    ("DELETE", _RESPONSE_PATH): Operation(
         "deleteResponse",
         "Forget a stored response.",
         ok=(out.ResponseDeleted,),
         errors=(401, 404),
         auth=True,
-        path=(("response_id", "The response's id (resp_...)."),),
+        path=_RESPONSE_ID,
     ),
     ("POST", "/tokenize"): Operation(
         "tokenize",

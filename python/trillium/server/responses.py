@@ -27,7 +27,7 @@ from trillium.server.errors import APIError, overloaded
 from trillium.server.openai_shapes import ChoiceFanout, JSONObject, error_payload
 from trillium.server.response_store import ResponseStore
 from trillium.server.responses_body import ResponsesRequest, chat_request, check_supported, input_messages
-from trillium.server.routes import Routes, json_response, named_errors
+from trillium.server.routes import Routes, json_response, named_errors, raise_on_failure
 from trillium.server.schema import ChatMessage, FunctionCallBody, ToolCallBody, decode_body
 from trillium.server.tool_calls import ToolCalling
 from trillium.tools import ContentDelta, ToolCallParser, ToolCallReady
@@ -84,7 +84,7 @@ class ResponsesRoutes:
             try:
                 while (item := await fanout.next()) is not None:
                     _, out = item
-                    _raise_failure(out)
+                    raise_on_failure(out)
                     builder.feed(out)
             except EngineOverloaded as exc:
                 raise overloaded(str(exc)) from None
@@ -330,18 +330,6 @@ def _copy(item: JSONObject) -> JSONObject:
 def _sse(event: JSONObject) -> bytes:
     name: str = event["type"]
     return b"event: " + name.encode() + b"\ndata: " + _encoder.encode(event) + b"\n\n"
-
-
-def _raise_failure(out: StreamOutput) -> None:
-    if out.finish_reason == FinishReason.ERROR:
-        raise APIError(out.error or "generation failed", status=500, type="internal_error", code="internal_error")
-    if out.finish_reason == FinishReason.ABORT:
-        raise APIError(
-            "request aborted: the server is shutting down",
-            status=503,
-            type="server_overloaded",
-            headers={"Retry-After": "1"},
-        )
 
 
 def _not_found(response_id: str) -> APIError:

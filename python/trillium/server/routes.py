@@ -56,7 +56,7 @@ from trillium.server.schema import (
 )
 from trillium.server.tool_calls import ToolCalling
 from trillium.structured import CompiledGrammar, GrammarError
-from trillium.tools import ContentDelta, ToolCallReady, ToolSpecError
+from trillium.tools import ContentDelta, ToolCallReady, ToolFormat, ToolSpecError
 
 T = TypeVar("T")
 
@@ -90,6 +90,11 @@ class Routes:
         """The input limits with the engine's defaults filled in (on first use: building the routes
         asks nothing of the client)."""
         return self._limits.for_engine(self.client.max_model_len, self.client.num_kv_tokens)
+
+    @functools.cached_property
+    def _tool_format(self) -> tuple[ToolFormat, bool]:
+        """The served model's tool-call format (server/tool_calls.py), read on first use."""
+        return ToolCalling.model_format(self.client.tokenizer)
 
     async def health(self, request: Request) -> Response:
         """Liveness (Kubernetes ``livenessProbe``): 503 with the reasons when a model step hangs,
@@ -153,7 +158,7 @@ class Routes:
         self.limits.check_body(messages=body.messages, logit_bias=body.logit_bias, stop=body.stop)
         messages = chat_messages(body)
         tools, choice = chat_tools(body)
-        calling = ToolCalling.for_request(self.client.tokenizer, tools, choice, body.parallel_tool_calls)
+        calling = ToolCalling(tools, choice, body.parallel_tool_calls, *self._tool_format)
         for i, tool in enumerate(tools):
             self.limits.check_structured(StructuredOutputs(json=tool.parameters), f"tools[{i}].function.parameters")
         try:
@@ -599,15 +604,7 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
                 _, vllm_prompt[i] = _prompt_logprobs(shape, echo, i // per_prompt, out, choice_logprobs)
             if choice_logprobs is not None:
                 choice_logprobs.add(out.token_ids, out.logprobs)
-            if out.finish_reason == FinishReason.ERROR:
-                return json_response(error_payload(out.error or "generation failed", shape.request_id), 500)
-            if out.finish_reason == FinishReason.ABORT:
-                raise APIError(
-                    "request aborted: the server is shutting down",
-                    status=503,
-                    type="server_overloaded",
-                    headers={"Retry-After": "1"},
-                )
+            raise_on_failure(out)
             if out.finish_reason is not None:
                 reasons[i] = out.finish_reason.openai_name
     except EngineOverloaded as exc:
@@ -620,6 +617,20 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
     return json_response(
         shape.full(choices, echo.usage(fanout.usage()), vllm_prompt if shape.prompt_logprobs is not None else None)
     )
+
+
+def raise_on_failure(out: StreamOutput) -> None:
+    """A choice that failed (500) or was aborted by shutdown (503 + Retry-After), as the error of a
+    whole response; ``named_errors`` adds the request id."""
+    if out.finish_reason == FinishReason.ERROR:
+        raise APIError(out.error or "generation failed", status=500, type="internal_error", code="internal_error")
+    if out.finish_reason == FinishReason.ABORT:
+        raise APIError(
+            "request aborted: the server is shutting down",
+            status=503,
+            type="server_overloaded",
+            headers={"Retry-After": "1"},
+        )
 
 
 def _tool_call_deltas(ready: ToolCallReady) -> list[JSONObject]:

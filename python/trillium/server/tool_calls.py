@@ -34,13 +34,13 @@ class ToolCalling:
     fmt: ToolFormat
     special_tags: bool  # the call delimiters are special tokens: keep special tokens in the text
 
-    @classmethod
-    def for_request(
-        cls, tokenizer: Tokenizer, tools: list[FunctionTool], choice: ToolChoice, parallel: bool
-    ) -> ToolCalling:
+    @staticmethod
+    def model_format(tokenizer: Tokenizer) -> tuple[ToolFormat, bool]:
+        """(the model's call format, whether its delimiters are special tokens): a fact of the
+        served model, read once (``Routes`` keeps it), not per request."""
         fmt = tool_format(tokenizer.chat_template)
         special = fmt.name == "hermes" and len(tokenizer.encode("<tool_call>", add_special_tokens=False)) == 1
-        return cls(tools, choice, parallel, fmt, special)
+        return fmt, special
 
     @property
     def active(self) -> bool:

@@ -18,19 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import llguidance
 
 from trillium.protocol import StructuredOutputs
+from trillium.protocol.structured import JSON_OPTIONS
 from trillium.structured.matcher import GrammarMatcher
 
 if TYPE_CHECKING:
     import tokenizers
-    from llguidance._lib import JsonCompileOptions  # a stub-only TypedDict
 
 CACHE_SIZE = 256  # compiled grammars kept; an agent fleet reuses a handful of schemas
-
-# Compact JSON: no whitespace between tokens. A small model given free whitespace may pad with
-# newlines until max_tokens runs out; ", " / ": " would also be fine, but one form suffices.
-# oneOf is compiled as anyOf: exact when the branches are disjoint (nearly always in practice);
-# otherwise an output matching two branches gets through (JSONSchemaBench counts such cases).
-JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "coerce_one_of": True}
 
 # llguidance's own resource limits bound the work of one compile (its "fuel"); the actor's
 # wall-clock limit is the second line of defence.

@@ -12,11 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trillium.protocol.structured import JSON_OPTIONS
 from trillium.tools.formats import ToolFormat
 from trillium.tools.spec import FunctionTool, ToolChoice
-
-# Compact JSON inside calls, as for response_format (structured/compiler.py says why).
-_JSON_OPTIONS = {"whitespace_flexible": False, "coerce_one_of": True}
 
 
 def tool_grammar(
@@ -63,7 +61,7 @@ def _call_schema(tool: FunctionTool, args_key: str) -> dict[str, Any]:
         "properties": {"name": {"const": tool.name}, args_key: parameters},
         "required": ["name", args_key],
         "additionalProperties": False,
-        "x-guidance": _JSON_OPTIONS,
+        "x-guidance": JSON_OPTIONS,  # generated as every JSON constraint is
     }
 
 

@@ -114,6 +114,8 @@ class HermesParser(ToolCallParser):
         object or None if it is no valid call text), or None while it may still go on. The object
         is parsed before the closing tag is looked for, so a closing tag inside one of its strings
         does not end the call. An unfinished object waits (for the rest, or for :meth:`finish`)."""
+        if CLOSE not in self._buf:
+            return None  # every ending needs the tag: no parse per token of a long call until it comes
         start = len(self._buf) - len(self._buf.lstrip())
         after = None
         if self._buf[start : start + 1] == "{":
@@ -152,6 +154,10 @@ class Llama3JsonParser(ToolCallParser):
         if self._mode == "text":
             return [ContentDelta(text)] if text else []
         self._buf += text
+        if self._mode == "json" and "}" not in text:  # no object can have closed: skip the parse
+            if self.calls:
+                self._buf = self._between_calls(self._buf)
+            return []
         if self._mode is None:
             # Calls start the reply: "{" right away, or after <|python_tag|> (the grammar's text
             # may not start with "{"; text that starts otherwise is content, never a call).
@@ -166,8 +172,8 @@ class Llama3JsonParser(ToolCallParser):
             self._mode, self._buf = "json", head
         events: list[Event] = []
         while True:
-            if self.calls:  # between calls: "; "
-                self._buf = self._buf.lstrip().removeprefix(";").lstrip()
+            if self.calls:
+                self._buf = self._between_calls(self._buf)
             if not self._buf.startswith("{"):
                 return events
             try:
@@ -179,6 +185,11 @@ class Llama3JsonParser(ToolCallParser):
                 return events
             events.append(ready)
             self._buf = self._buf[end:]
+
+    @staticmethod
+    def _between_calls(text: str) -> str:
+        """``text`` without the "; " that separates calls."""
+        return text.lstrip().removeprefix(";").lstrip()
 
     def finish(self) -> list[Event]:
         rest, self._buf = self._buf, ""
