@@ -12,7 +12,6 @@ import torch
 import trio
 
 from trillium import _core
-from trillium.models import default_model_path
 from trillium.protocol import (
     AddRequest,
     CompileGrammar,
@@ -28,7 +27,6 @@ from trillium.scheduler.actor import SchedulerActor, merge_deltas
 from trillium.scheduler.kv_manager import KVBlockManager
 from trillium.structured import BitmaskFiller, GrammarCompiler, GrammarError, build_ll_tokenizer
 from trillium.structured.actor import GrammarActor
-from trillium.tokenizer import load_tokenizer
 
 BLOCK = 4
 PERSON = {
@@ -37,16 +35,6 @@ PERSON = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer(default_model_path())
-
-
-@pytest.fixture(scope="module")
-def compiler(tok):
-    return GrammarCompiler(build_ll_tokenizer(tok, tok.vocab_size))
 
 
 # ---- compiler ---------------------------------------------------------------------------------
