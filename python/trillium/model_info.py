@@ -77,7 +77,7 @@ def _weights(path: str, report: ModelReport) -> dict[str, Any]:
     width = 4 if config.dtype == "fp32" else 2
     weights_bytes = report.quantized_bytes() if quantized else report.dense_bytes(width)
     kv = report.kv_bytes_per_token(width)
-    default_pool = int(EngineConfig(speculative_config=None).kv_cache_gib * 1024**3)
+    default_pool = int(config.kv_cache_gib * 1024**3)  # the default: inspect sets no --kv-cache-gib
     return {
         "weights_auto": config.weights,
         "dtype_auto": config.dtype,
