@@ -33,11 +33,23 @@ QuantWeightView to_view(const WeightTuple& t) {
   return v;
 }
 
+// A fused projection's parts (quant_linear.h): one to kMaxQuantParts weights.
+QuantWeightParts to_parts(const std::vector<WeightTuple>& parts) {
+  if (parts.empty() || parts.size() > static_cast<size_t>(kMaxQuantParts)) {
+    throw std::invalid_argument("a projection has 1 to 3 parts");
+  }
+  QuantWeightParts p;
+  p.count = static_cast<int32_t>(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) p.part[i] = to_view(parts[i]);
+  return p;
+}
+
 class DecoderStack {
  public:
   void add_layer(int64_t hidden, int64_t intermediate, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-                 float rms_eps, std::uintptr_t input_norm, std::uintptr_t post_attention_norm, const WeightTuple& qkv,
-                 std::uintptr_t qkv_bias, const WeightTuple& o, const WeightTuple& gate_up, const WeightTuple& down,
+                 float rms_eps, std::uintptr_t input_norm, std::uintptr_t post_attention_norm, const std::vector<WeightTuple>& qkv,
+                 std::uintptr_t qkv_bias, const WeightTuple& o, const std::vector<WeightTuple>& gate_up,
+                 const WeightTuple& down,
                  std::uintptr_t k_cache, std::uintptr_t v_cache, int32_t kv_dtype, int32_t num_blocks,
                  int32_t block_size) {
     DecoderLayerWeights w;
@@ -49,10 +61,10 @@ class DecoderStack {
     w.rms_eps = rms_eps;
     w.input_norm = from_address<const float>(input_norm);
     w.post_attention_norm = from_address<const float>(post_attention_norm);
-    w.qkv = to_view(qkv);
+    w.qkv = to_parts(qkv);
     w.qkv_bias = from_address<const float>(qkv_bias);
     w.o = to_view(o);
-    w.gate_up = to_view(gate_up);
+    w.gate_up = to_parts(gate_up);
     w.down = to_view(down);
     w.k_cache = from_address<void>(k_cache);
     w.v_cache = from_address<void>(v_cache);

@@ -23,7 +23,7 @@ void bind_quant_linear(py::module_& m) {
       "quant_linear_sizes",
       [](int64_t out_features, int64_t in_features, int32_t bits) {
         return py::make_tuple(quant_linear_packed_bytes(out_features, in_features, bits),
-                              quant_linear_scale_count(out_features, in_features));
+                              quant_linear_scale_count(out_features, in_features, bits));
       },
       py::arg("out_features"), py::arg("in_features"), py::arg("bits"),
       "(packed code bytes, scale count) of an [out_features, in_features] weight.");
@@ -40,7 +40,24 @@ void bind_quant_linear(py::module_& m) {
       },
       py::arg("codes"), py::arg("scale"), py::arg("min"), py::arg("out_features"), py::arg("in_features"),
       py::arg("bits"), py::arg("packed_codes"), py::arg("packed_scales"), py::arg("packed_mins"),
-      "Pack row-major int8 codes [N, K] and fp32 scale/min [N, K/32] (pointers) into the kernel layout.");
+      "Pack row-major int8 codes [N, K] and fp32 scale/min [N, K/S] (pointers; S = 32, or 16 for 6 bits; "
+      "min and packed_mins both 0 for the format's symmetric codes) into the kernel layout.");
+  m.def(
+      "quant_linear_dequantize_rows",
+      [](int64_t out_features, int64_t in_features, int32_t bits, std::uintptr_t codes, std::uintptr_t scales,
+         std::uintptr_t mins, std::uintptr_t rows, int64_t num_rows, std::uintptr_t out, int64_t out_stride,
+         int num_threads) {
+        const QuantWeightView w{out_features, in_features, bits, from_address<const void>(codes),
+                                from_address<const float>(scales), from_address<const float>(mins)};
+        run_without_gil([&] {
+          return quant_linear_dequantize_rows(w, from_address<const int64_t>(rows), num_rows, from_address<float>(out),
+                                              out_stride, num_threads);
+        });
+      },
+      py::arg("out_features"), py::arg("in_features"), py::arg("bits"), py::arg("codes"), py::arg("scales"),
+      py::arg("mins"), py::arg("rows"), py::arg("num_rows"), py::arg("out"), py::arg("out_stride"),
+      py::arg("num_threads") = 0,
+      "out[i, :] = W[rows[i], :] dequantized (an embedding lookup over a packed weight; pointers).");
   m.def(
       "quant_linear",
       [](std::uintptr_t x, int64_t num_rows, int64_t x_stride, int64_t out_features, int64_t in_features, int32_t bits,

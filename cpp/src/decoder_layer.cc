@@ -21,19 +21,25 @@ int64_t q_width(const DecoderLayerWeights& w) { return int64_t{w.num_q_heads} * 
 int64_t kv_width(const DecoderLayerWeights& w) { return int64_t{w.num_kv_heads} * w.head_dim; }
 int64_t qkv_width(const DecoderLayerWeights& w) { return q_width(w) + 2 * kv_width(w); }
 
-Status linear(const DecoderStepArgs& s, const float* x, int64_t x_stride, const QuantWeightView& weight,
+Status linear(const DecoderStepArgs& s, const float* x, int64_t x_stride, const QuantWeightParts& weight,
               const float* bias, float* out) {
   QuantLinearArgs a;
   a.x = x;
   a.num_rows = s.num_tokens;
   a.x_stride = x_stride;
-  a.weight = weight;
   a.bias = bias;
   a.out = out;
-  a.out_stride = weight.out_features;
+  a.out_stride = weight.out_features();
   a.num_threads = s.num_threads;
   a.int8_activations = s.int8_activations;
-  return quant_linear(a);
+  return quant_linear_parts(a, weight);
+}
+
+Status linear(const DecoderStepArgs& s, const float* x, int64_t x_stride, const QuantWeightView& weight,
+              const float* bias, float* out) {
+  QuantWeightParts one;
+  one.part[0] = weight;
+  return linear(s, x, x_stride, one, bias, out);
 }
 
 Status norm(const DecoderLayerWeights& w, const DecoderStepArgs& s, const float* x, float* residual,
@@ -126,9 +132,9 @@ Status decoder_layer(const DecoderLayerWeights& w, const DecoderStepArgs& s, flo
   if (s.num_tokens < 0 || !hidden || !residual || !scratch) {
     return Status::InvalidArgument("decoder_layer: need num_tokens >= 0 and non-null hidden, residual, scratch");
   }
-  if (w.qkv.out_features != qkv_width(w) || w.qkv.in_features != w.hidden || w.o.out_features != w.hidden ||
-      w.o.in_features != q_width(w) || w.gate_up.out_features != 2 * w.intermediate ||
-      w.gate_up.in_features != w.hidden || w.down.out_features != w.hidden || w.down.in_features != w.intermediate) {
+  if (w.qkv.out_features() != qkv_width(w) || w.qkv.in_features() != w.hidden || w.o.out_features != w.hidden ||
+      w.o.in_features != q_width(w) || w.gate_up.out_features() != 2 * w.intermediate ||
+      w.gate_up.in_features() != w.hidden || w.down.out_features != w.hidden || w.down.in_features != w.intermediate) {
     return Status::InvalidArgument("decoder_layer: projection shapes do not match the layer's sizes");
   }
   if (s.num_tokens == 0) return Status::Ok();

@@ -32,6 +32,7 @@ constexpr int64_t kRowChunk = 64;      // rows whose int8 codes stay in L2 while
 constexpr int64_t kGroupsPerItem = kQuantTileGroups;  // one tile (32 output features) per work item
 
 int64_t block_bytes(int32_t bits) { return kQuantBlock * kQuantGroupCols * bits / 8; }
+int64_t scale_block_size(int32_t bits) { return kQuantBlock / kernels::quant_scale_blocks(bits); }
 
 Status bad(const std::string& what) { return Status::InvalidArgument("quant_linear: " + what); }
 
@@ -68,7 +69,18 @@ inline int32_t packed_code(const QuantWeightView& w, int64_t g, int64_t c, int64
   const uint8_t* base = static_cast<const uint8_t*>(w.codes) + kernels::quant_record(g, b, nb) * block_bytes(w.bits);
   if (w.bits == 8) return static_cast<int8_t>(base[quad * 32 + c * 4 + j]);
   const uint8_t byte = base[(quad % 4) * 32 + c * 4 + j];
-  return quad < 4 ? (byte & 0x0F) : (byte >> 4);
+  const int32_t low = quad < 4 ? (byte & 0x0F) : (byte >> 4);
+  if (w.bits == 5) return low | (((base[128 + c * 4 + j] >> quad) & 1) << 4);
+  if (w.bits == 6) return low | (((base[128 + (quad / 4) * 32 + c * 4 + j] >> (2 * (quad % 4))) & 3) << 4);
+  return low;
+}
+
+// Scale and min of weight (column c of group g, k): the format's symmetric min without mins.
+inline void packed_scale_min(const QuantWeightView& w, int64_t g, int64_t c, int64_t k, float* scale, float* min) {
+  const int64_t nb = w.in_features / kQuantBlock, sb = kernels::quant_scale_blocks(w.bits);
+  const int64_t at = kernels::quant_scale_index(g, k / kQuantBlock, (k % kQuantBlock) / scale_block_size(w.bits), nb, sb) + c;
+  *scale = w.scales[at];
+  *min = w.mins ? w.mins[at] : -kernels::quant_symmetric_offset(w.bits) * w.scales[at];
 }
 
 void gemm_portable(const QuantActs& a, const QuantWeightView& w, int64_t row_begin, int64_t row_end,
@@ -84,9 +96,8 @@ void gemm_portable(const QuantActs& a, const QuantWeightView& w, int64_t row_beg
           int32_t dot = 0;
           const int8_t* q = a.codes + r * K + b * kQuantBlock;
           for (int64_t kk = 0; kk < kQuantBlock; ++kk) dot += packed_code(w, g, c, b * kQuantBlock + kk) * q[kk];
-          const int64_t at = kernels::quant_record(g, b, nb) * kQuantGroupCols + c;
-          const float dw = w.scales[at];
-          const float mw = w.mins ? w.mins[at] : 0.0f;
+          float dw = 0.0f, mw = 0.0f;  // the int8 path takes 4 and 8 bits: one scale per block
+          packed_scale_min(w, g, c, b * kQuantBlock, &dw, &mw);
           acc = std::fma(static_cast<float>(dot), dw * a.scale[r * nb + b], acc);
           acc = std::fma(mw, a.scaled_sum[r * nb + b], acc);
         }
@@ -101,14 +112,15 @@ void gemm_portable(const QuantActs& a, const QuantWeightView& w, int64_t row_beg
 void gemm_f32_portable(const float* x, int64_t x_stride, const QuantWeightView& w, int64_t row_begin,
                        int64_t row_end, int64_t group_begin, int64_t group_end, const float* bias, float* out,
                        int64_t out_stride, float* col) {
-  const int64_t nb = w.in_features / kQuantBlock, K = w.in_features, N = w.out_features;
+  const int64_t K = w.in_features, N = w.out_features;
   for (int64_t g = group_begin; g < group_end; ++g) {
     for (int64_t c = 0; c < kQuantGroupCols; ++c) {
       const int64_t n = g * kQuantGroupCols + c;
       if (n >= N) break;
       for (int64_t k = 0; k < K; ++k) {
-        const int64_t at = kernels::quant_record(g, k / kQuantBlock, nb) * kQuantGroupCols + c;
-        col[k] = std::fma(static_cast<float>(packed_code(w, g, c, k)), w.scales[at], w.mins ? w.mins[at] : 0.0f);
+        float scale = 0.0f, min = 0.0f;
+        packed_scale_min(w, g, c, k, &scale, &min);
+        col[k] = std::fma(static_cast<float>(packed_code(w, g, c, k)), scale, min);
       }
       for (int64_t r = row_begin; r < row_end; ++r) {
         const float* xr = x + r * x_stride;
@@ -140,54 +152,69 @@ QuantLinearKernels quant_linear_portable_kernels() {
 }  // namespace kernels
 
 // --------------------------------------------------------------------------------------- sizes
+bool quant_linear_supported_bits(int32_t bits) { return bits == 4 || bits == 5 || bits == 6 || bits == 8; }
+
+int32_t quant_linear_scale_blocks(int32_t bits) { return static_cast<int32_t>(kernels::quant_scale_blocks(bits)); }
+
 int64_t quant_linear_groups(int64_t out_features) { return (out_features + kQuantGroupCols - 1) / kQuantGroupCols; }
 
 int64_t quant_linear_packed_bytes(int64_t out_features, int64_t in_features, int32_t bits) {
   return padded_groups(out_features) * (in_features / kQuantBlock) * block_bytes(bits);
 }
 
-int64_t quant_linear_scale_count(int64_t out_features, int64_t in_features) {
-  return padded_groups(out_features) * (in_features / kQuantBlock) * kQuantGroupCols;
+int64_t quant_linear_scale_count(int64_t out_features, int64_t in_features, int32_t bits) {
+  return padded_groups(out_features) * (in_features / kQuantBlock) * kernels::quant_scale_blocks(bits) *
+         kQuantGroupCols;
 }
 
 // ------------------------------------------------------------------------------------- packing
 Status quant_linear_pack(const int8_t* codes, const float* scale, const float* min, int64_t N, int64_t K,
                          int32_t bits, void* packed_codes, float* packed_scales, float* packed_mins) {
-  if (bits != 4 && bits != 8) return bad("bits must be 4 or 8, got " + std::to_string(bits));
+  if (!quant_linear_supported_bits(bits)) return bad("bits must be 4, 5, 6 or 8, got " + std::to_string(bits));
   if (N <= 0 || K <= 0 || K % kQuantBlock != 0) {
     return bad("need out_features > 0 and in_features a positive multiple of 32, got " + std::to_string(N) + ", " +
                std::to_string(K));
   }
-  if (!codes || !scale || !min || !packed_codes || !packed_scales) return bad("null pointer");
+  if (!codes || !scale || !packed_codes || !packed_scales) return bad("null pointer");
+  if ((min == nullptr) != (packed_mins == nullptr)) return bad("min and packed_mins must both be given or both null");
   const int64_t nb = K / kQuantBlock, groups = quant_linear_groups(N);
-  if (bits == 4) {
+  const int64_t sb = kernels::quant_scale_blocks(bits), sbs = scale_block_size(bits), ns = K / sbs;
+  if (bits != 8) {
+    const int32_t top = (1 << bits) - 1;
     for (int64_t i = 0; i < N * K; ++i) {
-      if (codes[i] < 0 || codes[i] > 15) return bad("4-bit codes must be in [0, 15], got " + std::to_string(codes[i]));
+      if (codes[i] < 0 || codes[i] > top) {
+        return bad(std::to_string(bits) + "-bit codes must be in [0, " + std::to_string(top) + "], got " +
+                   std::to_string(codes[i]));
+      }
     }
   }
   auto* out = static_cast<uint8_t*>(packed_codes);
   std::memset(out, 0, static_cast<size_t>(quant_linear_packed_bytes(N, K, bits)));
-  std::memset(packed_scales, 0, static_cast<size_t>(quant_linear_scale_count(N, K)) * sizeof(float));
-  if (packed_mins) std::memset(packed_mins, 0, static_cast<size_t>(quant_linear_scale_count(N, K)) * sizeof(float));
+  const auto scale_bytes = static_cast<size_t>(quant_linear_scale_count(N, K, bits)) * sizeof(float);
+  std::memset(packed_scales, 0, scale_bytes);
+  if (packed_mins) std::memset(packed_mins, 0, scale_bytes);
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t b = 0; b < nb; ++b) {
-      const int64_t record = kernels::quant_record(g, b, nb);
-      uint8_t* dst = out + record * block_bytes(bits);
-      float* ds = packed_scales + record * kQuantGroupCols;
-      float* dm = packed_mins ? packed_mins + record * kQuantGroupCols : nullptr;
+      uint8_t* dst = out + kernels::quant_record(g, b, nb) * block_bytes(bits);
       for (int64_t c = 0; c < kQuantGroupCols; ++c) {
         const int64_t n = g * kQuantGroupCols + c;
-        ds[c] = n < N ? scale[n * nb + b] : 0.0f;
-        if (dm) dm[c] = n < N ? min[n * nb + b] : 0.0f;
         if (n >= N) continue;  // padding columns: zero codes, zero scale
+        for (int64_t s = 0; s < sb; ++s) {
+          const int64_t at = kernels::quant_scale_index(g, b, s, nb, sb) + c;
+          packed_scales[at] = scale[n * ns + b * sb + s];
+          if (packed_mins) packed_mins[at] = min[n * ns + b * sb + s];
+        }
         for (int64_t kk = 0; kk < kQuantBlock; ++kk) {
           const int64_t quad = kk / 4, j = kk % 4;
           const int8_t q = codes[n * K + b * kQuantBlock + kk];
           if (bits == 8) {
             dst[quad * 32 + c * 4 + j] = static_cast<uint8_t>(q);
-          } else {
-            dst[(quad % 4) * 32 + c * 4 + j] |= static_cast<uint8_t>(quad < 4 ? q : q << 4);
+            continue;
           }
+          const auto u = static_cast<uint8_t>(q);
+          dst[(quad % 4) * 32 + c * 4 + j] |= static_cast<uint8_t>(quad < 4 ? (u & 0x0F) : (u & 0x0F) << 4);
+          if (bits == 5) dst[128 + c * 4 + j] |= static_cast<uint8_t>(((u >> 4) & 1) << quad);
+          if (bits == 6) dst[128 + (quad / 4) * 32 + c * 4 + j] |= static_cast<uint8_t>(((u >> 4) & 3) << (2 * (quad % 4)));
         }
       }
     }
@@ -198,7 +225,7 @@ Status quant_linear_pack(const int8_t* codes, const float* scale, const float* m
 // ------------------------------------------------------------------------------------- the op
 Status quant_linear(const QuantLinearArgs& a) {
   const QuantWeightView& w = a.weight;
-  if (w.bits != 4 && w.bits != 8) return bad("weight bits must be 4 or 8, got " + std::to_string(w.bits));
+  if (!quant_linear_supported_bits(w.bits)) return bad("weight bits must be 4, 5, 6 or 8, got " + std::to_string(w.bits));
   if (w.out_features <= 0 || w.in_features <= 0 || w.in_features % kQuantBlock != 0) {
     return bad("weight needs out_features > 0 and in_features a positive multiple of 32");
   }
@@ -208,6 +235,9 @@ Status quant_linear(const QuantLinearArgs& a) {
   if (!a.x || !a.out) return bad("x and out must not be null");
   if (a.x_stride < w.in_features || a.out_stride < w.out_features) {
     return bad("x_stride must be >= in_features and out_stride >= out_features");
+  }
+  if (a.int8_activations && w.bits != 4 && w.bits != 8) {
+    return bad("int8 activations take 4- and 8-bit weights, got " + std::to_string(w.bits) + " bits");
   }
   const int64_t M = a.num_rows, K = w.in_features, nb = K / kQuantBlock;
   const QuantLinearKernels& k = active_kernels();
@@ -254,6 +284,61 @@ Status quant_linear(const QuantLinearArgs& a) {
       k.gemm(acts, w, r0, r1, g0, g1, a.bias, a.out, a.out_stride);
     }
   }
+  return Status::Ok();
+}
+
+Status quant_linear_parts(const QuantLinearArgs& args, const QuantWeightParts& w) {
+  if (w.count < 1 || w.count > kMaxQuantParts) return bad("parts count must be in [1, 3], got " + std::to_string(w.count));
+  for (int32_t i = 1; i < w.count; ++i) {
+    if (w.part[i].in_features != w.part[0].in_features) return bad("parts must share in_features");
+  }
+  if (args.out_stride < w.out_features()) return bad("out_stride must be >= the parts' total out_features");
+  QuantLinearArgs a = args;
+  int64_t offset = 0;
+  for (int32_t i = 0; i < w.count; ++i) {
+    a.weight = w.part[i];
+    a.out = args.out ? args.out + offset : nullptr;
+    a.bias = args.bias ? args.bias + offset : nullptr;
+    const Status status = quant_linear(a);
+    if (!status.ok()) return status;
+    offset += w.part[i].out_features;
+  }
+  return Status::Ok();
+}
+
+// --------------------------------------------------------------------------------- row lookup
+Status quant_linear_dequantize_rows(const QuantWeightView& w, const int64_t* rows, int64_t num_rows, float* out,
+                                    int64_t out_stride, int num_threads) {
+  if (!quant_linear_supported_bits(w.bits)) return bad("weight bits must be 4, 5, 6 or 8, got " + std::to_string(w.bits));
+  if (w.out_features <= 0 || w.in_features <= 0 || w.in_features % kQuantBlock != 0) {
+    return bad("weight needs out_features > 0 and in_features a positive multiple of 32");
+  }
+  if (num_rows < 0) return bad("num_rows must be >= 0");
+  if (num_rows == 0) return Status::Ok();
+  if (!w.codes || !w.scales || !rows || !out) return bad("null pointer");
+  if (out_stride < w.in_features) return bad("out_stride must be >= in_features");
+  for (int64_t i = 0; i < num_rows; ++i) {
+    if (rows[i] < 0 || rows[i] >= w.out_features) {
+      return bad("row " + std::to_string(rows[i]) + " is outside [0, " + std::to_string(w.out_features) + ")");
+    }
+  }
+  const int64_t K = w.in_features;
+#if defined(_OPENMP)
+  const int threads = num_threads > 0 ? num_threads : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(threads) if (num_rows > 16)
+#endif
+  for (int64_t i = 0; i < num_rows; ++i) {
+    const int64_t g = rows[i] / kQuantGroupCols, c = rows[i] % kQuantGroupCols;
+    float* dst = out + i * out_stride;
+    for (int64_t k = 0; k < K; ++k) {
+      float scale = 0.0f, min = 0.0f;
+      packed_scale_min(w, g, c, k, &scale, &min);
+      dst[k] = std::fma(static_cast<float>(packed_code(w, g, c, k)), scale, min);
+    }
+  }
+#if !defined(_OPENMP)
+  (void)num_threads;
+#endif
   return Status::Ok();
 }
 

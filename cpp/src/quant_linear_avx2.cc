@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/isa_target.h"
 #include "kernels/quant_linear_impl.h"

@@ -181,10 +181,10 @@ class DecoderStack:
         rms_eps: float,
         input_norm: int,
         post_attention_norm: int,
-        qkv: tuple[int, int, int, int, int, int],
+        qkv: list[tuple[int, int, int, int, int, int]],  # 1-3 parts (consecutive rows, own formats)
         qkv_bias: int,
         o: tuple[int, int, int, int, int, int],
-        gate_up: tuple[int, int, int, int, int, int],
+        gate_up: list[tuple[int, int, int, int, int, int]],
         down: tuple[int, int, int, int, int, int],
         k_cache: int,
         v_cache: int,
@@ -232,7 +232,23 @@ def quant_linear_pack(
     packed_scales: int,
     packed_mins: int,
 ) -> None:
-    """Pack row-major int8 codes [N, K] and fp32 scale/min [N, K/32] (pointers) into the kernel layout."""
+    """Pack row-major int8 codes [N, K] and fp32 scale/min [N, K/S] (pointers; S = 32, or 16 for 6 bits;
+    min and packed_mins both 0 for the format's symmetric codes) into the kernel layout."""
+
+def quant_linear_dequantize_rows(
+    out_features: int,
+    in_features: int,
+    bits: int,
+    codes: int,
+    scales: int,
+    mins: int,
+    rows: int,
+    num_rows: int,
+    out: int,
+    out_stride: int,
+    num_threads: int = 0,
+) -> None:
+    """out[i, :] = W[rows[i], :] dequantized (an embedding lookup over a packed weight; pointers)."""
 
 def quant_linear(
     x: int,

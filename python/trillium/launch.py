@@ -59,7 +59,7 @@ def resolve_weights(config: EngineConfig, path: str) -> EngineConfig:
         and can_run_quantized(path, torch.float32)[0]
     ):
         return dataclasses.replace(config, dtype="fp32", weights="quantized")
-    ok, why = can_run_quantized(path, config.torch_dtype)
+    ok, why = can_run_quantized(path, config.torch_dtype, int8_activations=config.weights == "quantized-int8")
     if config.weights != "auto" and not ok:
         raise ValueError(f"--weights {config.weights}: {why}")
     if not ok:

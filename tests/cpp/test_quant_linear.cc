@@ -1,6 +1,7 @@
-// trillium::quant_linear from C++ (no Python): pack random 4- and 8-bit codes, run the kernel on
-// every ISA this CPU has, in both activation modes, and compare with naive double loops (the
-// dequantized matmul for exact mode; the same activation rounding for int8 mode).
+// trillium::quant_linear from C++ (no Python): pack random 4-, 5-, 6- and 8-bit codes, with and
+// without mins, run the kernel on every ISA this CPU has, in both activation modes (int8: 4 and 8
+// bits), and compare with naive double loops (the dequantized matmul for exact mode; the same
+// activation rounding for int8 mode); and the row lookup against the same dequantized weights.
 // Plain ctest executable.
 #include "trillium/kernels/quant_linear.h"
 
@@ -40,38 +41,49 @@ std::vector<double> naive(const std::vector<float>& x, int64_t M, int64_t K, con
   return out;
 }
 
-void run(int32_t bits, int64_t M, int64_t N, int64_t K, std::mt19937& rng) {
-  const int64_t nb = K / 32;
-  std::uniform_int_distribution<int> code(bits == 4 ? 0 : -128, bits == 4 ? 15 : 127);
+void run(int32_t bits, bool with_mins, int64_t M, int64_t N, int64_t K, std::mt19937& rng) {
+  const int64_t S = bits == 6 ? 16 : 32, ns = K / S;  // weights per scale, scales per row
+  std::uniform_int_distribution<int> code(bits == 8 ? -128 : 0, bits == 8 ? 127 : (1 << bits) - 1);
   std::uniform_real_distribution<float> uni(0.001f, 0.02f);
   std::normal_distribution<float> normal;
   std::vector<int8_t> codes(static_cast<size_t>(N * K));
   for (auto& c : codes) c = static_cast<int8_t>(code(rng));
-  std::vector<float> scale(static_cast<size_t>(N * nb)), mins(scale.size()), x(static_cast<size_t>(M * K));
+  std::vector<float> scale(static_cast<size_t>(N * ns)), mins(scale.size()), x(static_cast<size_t>(M * K));
   for (auto& s : scale) s = uni(rng);
-  for (auto& v : mins) v = normal(rng) * 0.05f;
+  for (size_t i = 0; i < mins.size(); ++i) {
+    // Without mins the format's symmetric codes: w = scale * (q - offset).
+    const float offset = bits == 8 ? 0.0f : static_cast<float>(1 << (bits - 1));
+    mins[i] = with_mins ? normal(rng) * 0.05f : -offset * scale[i];
+  }
   for (auto& v : x) v = normal(rng);
 
   std::vector<uint8_t> packed(static_cast<size_t>(trillium::quant_linear_packed_bytes(N, K, bits)));
-  std::vector<float> ps(static_cast<size_t>(trillium::quant_linear_scale_count(N, K))), pm(ps.size());
-  CHECK_OK(trillium::quant_linear_pack(codes.data(), scale.data(), mins.data(), N, K, bits, packed.data(), ps.data(),
-                                       pm.data()));
-  const std::vector<double> ref = naive(x, M, K, codes, scale, mins, N);
-  double ref_max = 0.0;
-  for (double v : ref) ref_max = std::max(ref_max, std::fabs(v));
+  std::vector<float> ps(static_cast<size_t>(trillium::quant_linear_scale_count(N, K, bits))), pm(ps.size());
+  CHECK_OK(trillium::quant_linear_pack(codes.data(), scale.data(), with_mins ? mins.data() : nullptr, N, K, bits,
+                                       packed.data(), ps.data(), with_mins ? pm.data() : nullptr));
   // The exact mode's oracle: fp32 activations times the dequantized weights, in double.
+  std::vector<float> weights(static_cast<size_t>(N * K));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) {
+      weights[n * K + k] = std::fma(static_cast<float>(codes[n * K + k]), scale[n * ns + k / S], mins[n * ns + k / S]);
+    }
+  }
   std::vector<double> dense(static_cast<size_t>(M * N), 0.0);
   double dense_max = 0.0;
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
       double acc = 0.0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double w = std::fma(static_cast<float>(codes[n * K + k]), scale[n * nb + k / 32], mins[n * nb + k / 32]);
-        acc += w * x[m * K + k];
-      }
+      for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(weights[n * K + k]) * x[m * K + k];
       dense[m * N + n] = acc;
       dense_max = std::max(dense_max, std::fabs(acc));
     }
+  }
+  const bool int8_mode = bits == 4 || bits == 8;
+  std::vector<double> ref;
+  double ref_max = 0.0;
+  if (int8_mode) {
+    ref = naive(x, M, K, codes, scale, mins, N);
+    for (double v : ref) ref_max = std::max(ref_max, std::fabs(v));
   }
 
   for (trillium::KernelIsa isa : trillium::kAllKernelIsas) {
@@ -82,19 +94,31 @@ void run(int32_t bits, int64_t M, int64_t N, int64_t K, std::mt19937& rng) {
     a.x = x.data();
     a.num_rows = M;
     a.x_stride = K;
-    a.weight = {N, K, bits, packed.data(), ps.data(), pm.data()};
+    a.weight = {N, K, bits, packed.data(), ps.data(), with_mins ? pm.data() : nullptr};
     a.out = out.data();
     a.out_stride = N;
     a.int8_activations = true;
-    CHECK_OK(trillium::quant_linear(a));
-    double worst = 0.0;
-    for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - ref[i]));
-    CHECK(worst <= 1e-5 * ref_max + 1e-6);
+    if (int8_mode) {
+      CHECK_OK(trillium::quant_linear(a));
+      double worst = 0.0;
+      for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - ref[i]));
+      CHECK(worst <= 1e-5 * ref_max + 1e-6);
+    } else {
+      CHECK(trillium::quant_linear(a).code() == trillium::StatusCode::kInvalidArgument);
+    }
     a.int8_activations = false;  // exact mode
     CHECK_OK(trillium::quant_linear(a));
-    worst = 0.0;
+    double worst = 0.0;
     for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - dense[i]));
     CHECK(worst <= 1e-5 * dense_max + 1e-6);
+  }
+  // Row lookup: bit-identical to the dequantized weights.
+  std::vector<int64_t> rows = {N - 1, 0, N / 2};
+  std::vector<float> looked(rows.size() * static_cast<size_t>(K));
+  CHECK_OK(trillium::quant_linear_dequantize_rows({N, K, bits, packed.data(), ps.data(), with_mins ? pm.data() : nullptr},
+                                                  rows.data(), static_cast<int64_t>(rows.size()), looked.data(), K));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int64_t k = 0; k < K; ++k) CHECK(looked[i * K + k] == weights[rows[i] * K + k]);
   }
 }
 
@@ -105,10 +129,22 @@ void test_bad_arguments() {
   int8_t codes[32] = {};
   codes[5] = 16;  // not a 4-bit code
   float s = 1.0f, m = 0.0f, ps[8], pm[8];
-  uint8_t packed[128];
+  uint8_t packed[256];
   CHECK(trillium::quant_linear_pack(codes, &s, &m, 1, 32, 4, packed, ps, pm).code() ==
         trillium::StatusCode::kInvalidArgument);
   CHECK(trillium::quant_linear_pack(codes, &s, &m, 1, 33, 8, packed, ps, pm).code() ==
+        trillium::StatusCode::kInvalidArgument);
+  codes[5] = 32;  // not a 5-bit code
+  CHECK(trillium::quant_linear_pack(codes, &s, &m, 1, 32, 5, packed, ps, pm).code() ==
+        trillium::StatusCode::kInvalidArgument);
+  CHECK(trillium::quant_linear_pack(codes, &s, &m, 1, 32, 7, packed, ps, pm).code() ==
+        trillium::StatusCode::kInvalidArgument);  // no 7-bit format
+  codes[5] = 0;
+  CHECK(trillium::quant_linear_pack(codes, &s, &m, 1, 32, 8, packed, ps, nullptr).code() ==
+        trillium::StatusCode::kInvalidArgument);  // min without packed_mins
+  const int64_t row = 1;  // outside a one-row weight
+  float out[32];
+  CHECK(trillium::quant_linear_dequantize_rows({1, 32, 8, packed, ps, nullptr}, &row, 1, out, 32).code() ==
         trillium::StatusCode::kInvalidArgument);
 }
 
@@ -117,11 +153,14 @@ void test_bad_arguments() {
 int main() {
   std::mt19937 rng(std::random_device{}());
   const trillium::KernelIsa best = trillium::kernel_isa();
-  for (int32_t bits : {4, 8}) {
-    run(bits, 1, 8, 32, rng);
-    run(bits, 2, 24, 64, rng);
-    run(bits, 5, 19, 96, rng);
-    run(bits, 67, 40, 256, rng);
+  for (int32_t bits : {4, 5, 6, 8}) {
+    for (bool with_mins : {true, false}) {
+      run(bits, with_mins, 1, 8, 32, rng);
+      run(bits, with_mins, 2, 24, 64, rng);
+      run(bits, with_mins, 5, 19, 96, rng);
+      run(bits, with_mins, 12, 33, 64, rng);
+      run(bits, with_mins, 67, 40, 256, rng);
+    }
   }
   CHECK_OK(trillium::set_kernel_isa(best));
   test_bad_arguments();

@@ -1,9 +1,11 @@
 """The block-quantized linear kernel (``_core.quant_linear``) against its float64 oracle.
 
-Fresh random codes, scales, mins and activations every run, every ISA this CPU runs. The kernel
-quantizes activations to int8 per 32-block; ``reference_quant_linear`` does the same in torch and
-float64, so the two agree to fp32 rounding. Against a dense fp32 matmul over the dequantized
-weights the difference is that activation rounding only (loose bound: catches layout bugs).
+Fresh random codes, scales, mins and activations every run, every ISA this CPU runs, every format
+(4-, 5-, 6- and 8-bit codes; GGUF's Q4_0 ... Q6_K). The exact path (fp32 activations) equals a
+float64 matmul over the dequantized weights up to fp32 summation order. In int8 mode (4 and 8 bits)
+the kernel quantizes activations to int8 per 32-block; ``reference_quant_linear`` does the same in
+torch and float64, so the two agree to fp32 rounding. GGUF blocks decode to exactly what the
+``gguf`` package's dequantization returns, bit for bit.
 """
 
 from __future__ import annotations
@@ -11,17 +13,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as QT
-from gguf.quants import dequantize, quantize
+from gguf.quants import dequantize
 
 from trillium import _core
-from trillium.models.gguf_quant import block_codes_from_raw
+from trillium.models.gguf_quant import SUPPORTED, block_codes_from_raw, pack_fused
 from trillium.ops.quant_linear import (
     BoundQuantLinear,
     QuantWeight,
     dequantize_blocks,
     quant_linear,
     reference_quant_linear,
+    scale_block,
+    symmetric_offset,
 )
 
 ISAS = _core.supported_kernel_isas()
@@ -34,14 +39,21 @@ def restore_isa():
     _core.set_kernel_isa(before)
 
 
-def random_weight(n: int, k: int, bits: int, gen: torch.Generator):
-    if bits == 4:
-        codes = torch.randint(0, 16, (n, k), dtype=torch.int8, generator=gen)
-    else:
+def random_weight(n: int, k: int, bits: int, gen: torch.Generator, symmetric: bool = False):
+    """Codes, scale and min of a random [n, k] weight (``symmetric``: the format's no-mins codes)."""
+    if bits == 8:
         codes = torch.randint(-128, 128, (n, k), generator=gen).to(torch.int8)
-    scale = torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3
-    mins = (torch.rand(n, k // 32, generator=gen) - 0.5) * 0.1
+    else:
+        codes = torch.randint(0, 1 << bits, (n, k), dtype=torch.int8, generator=gen)
+    blocks = k // scale_block(bits)
+    scale = torch.rand(n, blocks, generator=gen) * 0.02 + 1e-3
+    mins = (torch.rand(n, blocks, generator=gen) - 0.5) * 0.1
+    if symmetric:
+        mins = scale * -float(symmetric_offset(bits))
     return codes, scale, mins
+
+
+ALL_BITS = [4, 5, 6, 8]
 
 
 SHAPES = [(1, 8, 32), (1, 13, 64), (3, 576, 576), (4, 20, 96), (7, 960, 576), (33, 100, 1536), (70, 24, 64)]
@@ -69,15 +81,17 @@ def test_matches_reference(isa, bits, shape):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", ALL_BITS)
+@pytest.mark.parametrize("symmetric", [False, True], ids=["mins", "no-mins"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_exact_path_matches_dense_matmul(isa, bits, shape):
+def test_exact_path_matches_dense_matmul(isa, bits, symmetric, shape):
     """fp32 activations (the default): equal to a matmul over the dequantized weights up to fp32
-    summation order."""
+    summation order, with mins and with the format's symmetric codes (no mins packed)."""
     m, n, k = shape
     gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
-    codes, scale, mins = random_weight(n, k, bits, gen)
+    codes, scale, mins = random_weight(n, k, bits, gen, symmetric)
     weight = QuantWeight.pack(codes, scale, mins, bits)
+    assert (weight.mins.numel() == 0) == (symmetric or (bits == 8 and not mins.any()))
     x = torch.randn(m, k, generator=gen) * 3
     bias = torch.randn(n, generator=gen)
     _core.set_kernel_isa(isa)
@@ -88,8 +102,10 @@ def test_exact_path_matches_dense_matmul(isa, bits, shape):
 
 
 @pytest.mark.parametrize("int8", [False, True])
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", ALL_BITS)
 def test_every_isa_gives_identical_bits(bits, int8):
+    if int8 and bits not in (4, 8):
+        pytest.skip("int8 activations take 4- and 8-bit weights")
     gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
     codes, scale, mins = random_weight(40, 256, bits, gen)
     weight = QuantWeight.pack(codes, scale, mins, bits)
@@ -102,7 +118,7 @@ def test_every_isa_gives_identical_bits(bits, int8):
         assert torch.equal(results[0], other)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", ALL_BITS)
 @pytest.mark.parametrize("n", [40, 100])
 def test_exact_rows_do_not_depend_on_row_count_or_isa(bits, n):
     """The exact path's register tiles differ by row count (1 row, 2-8 rows, a dequantized panel
@@ -142,18 +158,45 @@ def test_bad_input_is_rejected():
     codes = torch.zeros(8, 32, dtype=torch.int8)
     scale = torch.ones(8, 1)
     with pytest.raises(ValueError, match="bits"):
-        QuantWeight.pack(codes, scale, scale, 5)
+        QuantWeight.pack(codes, scale, scale, 7)
     with pytest.raises(ValueError, match="multiple of 32"):
         QuantWeight.pack(torch.zeros(8, 48, dtype=torch.int8), torch.ones(8, 1), torch.ones(8, 1), 4)
+    with pytest.raises(ValueError, match=r"\[8, 2\]"):  # 6 bits: a scale per 16 weights
+        QuantWeight.pack(codes, scale, scale, 6)
     bad = codes.clone()
     bad[3, 7] = 16
     with pytest.raises(ValueError, match=r"\[0, 15\]"):
         QuantWeight.pack(bad, scale, scale, 4)
+    bad[3, 7] = 32
+    with pytest.raises(ValueError, match=r"\[0, 31\]"):
+        QuantWeight.pack(bad, scale, scale, 5)
     weight = QuantWeight.pack(codes, scale, scale, 4)
     with pytest.raises(ValueError, match="features"):
         quant_linear(torch.randn(2, 64), weight)
     with pytest.raises(ValueError, match="fp32"):
         quant_linear(torch.randn(2, 32, dtype=torch.bfloat16), weight)
+    five = QuantWeight.pack(codes, scale, scale, 5)
+    with pytest.raises(ValueError, match="int8 activations take 4- and 8-bit"):
+        quant_linear(torch.randn(2, 32), five, int8_activations=True)
+
+
+def test_parts_write_their_columns():
+    """A fused projection stored in parts of different formats (a Q4_K_M file's q, k in Q4_K and v
+    in Q6_K) gives the bits of one weight per part, concatenated, bias slices included."""
+    gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
+    pieces = [random_weight(40, 128, 4, gen), random_weight(16, 128, 4, gen), random_weight(24, 128, 6, gen, True)]
+    bits = [4, 4, 6]
+    packed = pack_fused([(c.numpy(), s.numpy(), m.numpy(), b) for (c, s, m), b in zip(pieces, bits, strict=True)])
+    assert isinstance(packed, tuple) and [p.bits for p in packed] == [4, 6]
+    assert [p.out_features for p in packed] == [56, 24]
+    op = BoundQuantLinear(packed, bias := torch.randn(80, generator=gen))
+    x = torch.randn(5, 128, generator=gen)
+    singles = [QuantWeight.pack(c, s, m, b) for (c, s, m), b in zip(pieces, bits, strict=True)]
+    expected = torch.cat([quant_linear(x, w, bias[o : o + w.out_features]) for w, o in zip(singles, (0, 40, 56))], 1)
+    assert torch.equal(op(x), expected)
+    assert op(x.view(5, 1, 128)).shape == (5, 1, 80)
+    with pytest.raises(ValueError, match="same in_features"):
+        BoundQuantLinear([singles[0], QuantWeight.pack(*random_weight(8, 64, 4, gen), 4)])
 
 
 @pytest.mark.parametrize("int8", [False, True])
@@ -178,19 +221,55 @@ def test_bound_op_equals_the_function(int8):
         BoundQuantLinear(weight, torch.zeros(23))
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0], ids=lambda t: t.name)
+# Byte offsets of a block's fp16 scales (d, and dmin or m where the type has one).
+_F16_AT = {QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,), QT.Q4_K: (0, 2),
+           QT.Q5_K: (0, 2), QT.Q6_K: (208,)}  # fmt: skip
+
+
+def random_blocks(qtype: QT, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw bytes of an [n, k] tensor of ``qtype``: every bit random except the fp16 scales, which
+    are finite (random bits there would be NaN or inf now and then)."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (n * k // block, size), dtype=np.uint8)
+    for at in _F16_AT[qtype]:
+        d = (rng.uniform(1e-3, 5e-2, raw.shape[0]) * rng.choice([-1, 1], raw.shape[0])).astype(np.float16)
+        raw[:, at : at + 2] = d.view(np.uint8).reshape(-1, 2)
+    return raw
+
+
+@pytest.mark.parametrize("qtype", list(SUPPORTED), ids=lambda t: QT(t).name)
 def test_gguf_blocks_decode_exactly(qtype):
-    """Codes read from GGUF blocks stand for exactly what gguf's own dequantize returns."""
-    x = np.random.randn(16, 128).astype(np.float32)
-    raw = quantize(x, qtype)
-    codes, scale, mins, bits = block_codes_from_raw(raw, qtype, 16, 128)
-    assert bits == (8 if qtype == QT.Q8_0 else 4)
-    ours = dequantize_blocks(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(mins))
-    theirs = torch.from_numpy(dequantize(raw, qtype).reshape(16, 128))
-    assert torch.equal(ours, theirs)
+    """Fresh random GGUF blocks of every kernel type, packed, stand for exactly what the gguf
+    package's dequantization returns: the kernel's row lookup gives its values bit for bit, and
+    the exact matmul agrees with a float64 matmul over them to fp32 summation order."""
+    rng = np.random.default_rng()
+    n, k = 40, 512
+    raw = random_blocks(QT(qtype), n, k, rng)
+    codes, scale, mins, bits = block_codes_from_raw(raw, qtype, n, k)
+    weight = QuantWeight.pack(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(mins), bits)
+    theirs = torch.from_numpy(dequantize(raw, qtype).reshape(n, k).astype(np.float32))
+    assert torch.equal(weight.dequantize_rows(torch.arange(n)), theirs)
+    assert torch.equal(
+        dequantize_blocks(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(mins)), theirs
+    )
+    x = torch.randn(3, k)
+    out = quant_linear(x, weight).double()
+    ref = x.double() @ theirs.double().T
+    bound = (x.double().abs() @ theirs.double().abs().T).max().item() * 1e-6 * k**0.5
+    assert (out - ref).abs().max().item() <= bound
+    # Symmetric types keep no mins: they are -offset * scale, derived in the kernel.
+    assert (weight.mins.numel() == 0) == (QT(qtype) in (QT.Q4_0, QT.Q5_0, QT.Q6_K, QT.Q8_0))
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+def test_row_lookup_rejects_rows_outside_the_table():
+    gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
+    weight = QuantWeight.pack(*random_weight(10, 64, 5, gen), 5)
+    assert weight.dequantize_rows(torch.tensor([[9, 0]])).shape == (1, 2, 64)
+    with pytest.raises(ValueError, match="outside"):
+        weight.dequantize_rows(torch.tensor([10]))
+
+
+@pytest.mark.parametrize("bits", ALL_BITS)
 def test_exact_rows_do_not_depend_on_the_batch(bits):
     """A request's logits must not change with what else is in the step (seeded sampling relies on
     it): each row alone, in small batches (register path) and in large ones (panel path) is bit-equal."""

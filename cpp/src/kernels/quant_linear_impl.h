@@ -51,6 +51,21 @@ inline int64_t quant_record(int64_t g, int64_t b, int64_t nb) {
   return ((g / kQuantTileGroups) * nb + b) * kQuantTileGroups + g % kQuantTileGroups;
 }
 
+// Scale blocks per 32-weight block: 16-weight scales for 6-bit codes (GGUF's Q6_K), else one.
+constexpr int64_t quant_scale_blocks(int32_t bits) { return bits == 6 ? 2 : 1; }
+
+// Index of the first of the 8 scales (and mins) of group g, block b, scale block s (quant_linear.h:
+// [tile][block][scale block][g % 4][column]); sb = quant_scale_blocks(bits). With one scale block
+// this is quant_record(g, b, nb) * kQuantGroupCols.
+inline int64_t quant_scale_index(int64_t g, int64_t b, int64_t s, int64_t nb, int64_t sb) {
+  return (((g / kQuantTileGroups) * nb + b) * sb + s) * (kQuantTileGroups * kQuantGroupCols) +
+         (g % kQuantTileGroups) * kQuantGroupCols;
+}
+
+// What a missing min stands for: w = scale * (q - offset) for the format's unsigned codes, offset
+// a power of two so that -offset * scale is exact (8-bit codes are signed: offset 0).
+constexpr float quant_symmetric_offset(int32_t bits) { return bits == 8 ? 0.0f : static_cast<float>(1 << (bits - 1)); }
+
 // Scale of one 32-wide activation block and its reciprocal, computed identically by every ISA.
 inline void quant_block_scale(float amax, float* scale, float* inv_scale) {
   *scale = amax / 127.0f;

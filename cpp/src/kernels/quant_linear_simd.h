@@ -111,7 +111,8 @@ void tile(const QuantActs& a, const QuantWeightView& w, int64_t r0, int64_t g, c
     const int64_t record = quant_record(g, b, nb);
     block_dots<MR, BITS>(wcodes + record * kBlockBytes, xb, dots);
     const __m256 dw = _mm256_loadu_ps(w.scales + record * kQuantGroupCols);
-    const __m256 mw = w.mins ? _mm256_loadu_ps(w.mins + record * kQuantGroupCols) : _mm256_setzero_ps();
+    const __m256 mw = w.mins ? _mm256_loadu_ps(w.mins + record * kQuantGroupCols)
+                             : _mm256_mul_ps(dw, _mm256_set1_ps(-quant_symmetric_offset(BITS)));
     for (int r = 0; r < MR; ++r) {
       const __m256 sx = _mm256_set1_ps(a.scale[(r0 + r) * nb + b]);
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r]), _mm256_mul_ps(dw, sx), acc[r]);
@@ -173,6 +174,56 @@ inline __m256i lane_code(__m256i quad, int j) {
   }
 }
 
+// The codes of k-quad `quad` (k = 4 quad .. 4 quad + 3) of a record, one byte per weight in the
+// 32-byte lane order (lane c = column c): signed for 8 bits, else unsigned, the low nibble from
+// the 4-bit part of the record and bits 4-5 from its high-bit planes (quant_linear.h).
+template <int BITS>
+inline __m256i quad_codes(const uint8_t* wb, int quad) {
+  if constexpr (BITS == 8) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + quad * 32));
+  } else {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + (quad & 3) * 32));
+    __m256i c = quad < 4 ? _mm256_and_si256(v, low) : _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    if constexpr (BITS == 5) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128));
+      const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(h, quad), _mm256_set1_epi8(0x01));
+      c = _mm256_or_si256(c, _mm256_slli_epi16(bit, 4));
+    } else if constexpr (BITS == 6) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128 + (quad >> 2) * 32));
+      const __m256i bits = _mm256_and_si256(_mm256_srli_epi16(h, 2 * (quad & 3)), _mm256_set1_epi8(0x03));
+      c = _mm256_or_si256(c, _mm256_slli_epi16(bits, 4));
+    }
+    return c;
+  }
+}
+
+// Scales and mins (the format's symmetric min without mins) of group g, block b, scale block s.
+template <int BITS>
+inline void scale_min(const QuantWeightView& w, int64_t g, int64_t b, int64_t s, int64_t nb, __m256* d, __m256* m) {
+  const int64_t at = quant_scale_index(g, b, s, nb, quant_scale_blocks(BITS));
+  *d = _mm256_loadu_ps(w.scales + at);
+  if (w.mins) {
+    *m = _mm256_loadu_ps(w.mins + at);
+  } else if constexpr (BITS == 8) {
+    *m = _mm256_setzero_ps();  // fma with 0 is the same product
+  } else {
+    *m = _mm256_mul_ps(*d, _mm256_set1_ps(-quant_symmetric_offset(BITS)));  // exact: a power of two
+  }
+}
+
+// Calls f(std::integral_constant<int, bits>) for the weight's bits (4, 5, 6 or 8; quant_linear
+// validated them): one template instance per format.
+template <typename F>
+inline void with_bits(int32_t bits, F&& f) {
+  switch (bits) {
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
 // Dequantize groups [g, g + ng) of one tile (g a multiple of kQuantTileGroups) for all of K, in
 // record order so the codes are read as one sequential run. Group g + j goes to half j / 2 of the
 // panel (half_panel floats each, 16 features wide: two groups side by side), columns (j % 2) * 8
@@ -181,30 +232,22 @@ template <int BITS>
 void dequant_tile(const QuantWeightView& w, int64_t g, int64_t ng, float* panel, int64_t half_panel) {
   const int64_t nb = w.in_features / kQuantBlock;
   constexpr int64_t kBlockBytes = kQuantBlock * kQuantGroupCols * BITS / 8;
+  constexpr int kQuadsPerScale = 8 / static_cast<int>(quant_scale_blocks(BITS));
   constexpr int64_t kStride = 2 * kQuantGroupCols;
   const uint8_t* codes = static_cast<const uint8_t*>(w.codes);
   for (int64_t b = 0; b < nb; ++b) {
     for (int64_t j = 0; j < ng; ++j) {
       const int64_t record = quant_record(g + j, b, nb);
-      const __m256 d = _mm256_loadu_ps(w.scales + record * kQuantGroupCols);
-      const __m256 m = w.mins ? _mm256_loadu_ps(w.mins + record * kQuantGroupCols) : _mm256_setzero_ps();
       float* dst = panel + (j / 2) * half_panel + b * kQuantBlock * kStride + (j % 2) * kQuantGroupCols;
-      // Lane c of a 32-byte load = the 4 codes (k .. k+3) of column c; byte i is k + i.
-      auto emit = [&](__m256i quad, int64_t quad_index) {
-        for (int i = 0; i < 4; ++i) {
-          const __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_code<BITS>(quad, i)), d, m);
-          _mm256_storeu_ps(dst + (quad_index * 4 + i) * kStride, wv);
-        }
-      };
       const uint8_t* wb = codes + record * kBlockBytes;
-      if constexpr (BITS == 8) {
-        for (int q = 0; q < 8; ++q) emit(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + q * 32)), q);
-      } else {
-        const __m256i low = _mm256_set1_epi8(0x0F);
-        for (int p = 0; p < 4; ++p) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + p * 32));
-          emit(_mm256_and_si256(v, low), p);
-          emit(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), p + 4);
+      __m256 d = _mm256_setzero_ps(), m = _mm256_setzero_ps();
+      // Lane c of a quad's codes = the 4 codes (k .. k+3) of column c; byte i is k + i.
+      for (int quad = 0; quad < 8; ++quad) {
+        if (quad % kQuadsPerScale == 0) scale_min<BITS>(w, g + j, b, quad / kQuadsPerScale, nb, &d, &m);
+        const __m256i q = quad_codes<BITS>(wb, quad);
+        for (int i = 0; i < 4; ++i) {
+          const __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_code<BITS>(q, i)), d, m);
+          _mm256_storeu_ps(dst + (quad * 4 + i) * kStride, wv);
         }
       }
     }
@@ -272,33 +315,24 @@ void direct_tile(const float* x, int64_t x_stride, const QuantWeightView& w, int
   const int64_t nb = w.in_features / kQuantBlock;
   constexpr int64_t kBlockBytes = kQuantBlock * kQuantGroupCols * BITS / 8;
   const uint8_t* codes = static_cast<const uint8_t*>(w.codes);
-  const __m256i low = _mm256_set1_epi8(0x0F);
   __m256 acc[MR * NG];
 #pragma GCC unroll 16
   for (int i = 0; i < MR * NG; ++i) acc[i] = _mm256_setzero_ps();
+  constexpr int kQuadsPerScale = 8 / static_cast<int>(quant_scale_blocks(BITS));
   for (int64_t b = 0; b < nb; ++b) {
     __m256 d[NG], m[NG];
     const uint8_t* wb[NG];
 #pragma GCC unroll 4
-    for (int jg = 0; jg < NG; ++jg) {
-      const int64_t record = quant_record(g0 + jg, b, nb);
-      d[jg] = _mm256_loadu_ps(w.scales + record * kQuantGroupCols);
-      // No mins (symmetric codes): fma with 0 is the same product, and 1/9 fewer bytes to read.
-      m[jg] = w.mins ? _mm256_loadu_ps(w.mins + record * kQuantGroupCols) : _mm256_setzero_ps();
-      wb[jg] = codes + record * kBlockBytes;
-    }
+    for (int jg = 0; jg < NG; ++jg) wb[jg] = codes + quant_record(g0 + jg, b, nb) * kBlockBytes;
 #pragma GCC unroll 8
     for (int quad = 0; quad < 8; ++quad) {
+      if (quad % kQuadsPerScale == 0) {
+#pragma GCC unroll 4
+        for (int jg = 0; jg < NG; ++jg) scale_min<BITS>(w, g0 + jg, b, quad / kQuadsPerScale, nb, &d[jg], &m[jg]);
+      }
       __m256i src[NG];
 #pragma GCC unroll 4
-      for (int jg = 0; jg < NG; ++jg) {
-        if constexpr (BITS == 8) {
-          src[jg] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[jg] + quad * 32));
-        } else {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb[jg] + (quad & 3) * 32));
-          src[jg] = quad < 4 ? _mm256_and_si256(v, low) : _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        }
-      }
+      for (int jg = 0; jg < NG; ++jg) src[jg] = quad_codes<BITS>(wb[jg], quad);
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {
         const int64_t k = b * kQuantBlock + quad * 4 + j;
@@ -359,11 +393,10 @@ void gemm_f32_avx2(const float* x, int64_t x_stride, const QuantWeightView& w, i
                    float* panel) {
   const int64_t K = w.in_features;
   if (row_end - row_begin <= kMaxDirectRows) {
-    if (w.bits == 4) {
-      direct_gemm<4>(x, x_stride, w, row_begin, row_end - row_begin, group_begin, group_end, bias, out, out_stride);
-    } else {
-      direct_gemm<8>(x, x_stride, w, row_begin, row_end - row_begin, group_begin, group_end, bias, out, out_stride);
-    }
+    with_bits(w.bits, [&](auto bits) {
+      direct_gemm<decltype(bits)::value>(x, x_stride, w, row_begin, row_end - row_begin, group_begin, group_end, bias, out,
+                          out_stride);
+    });
     return;
   }
   // One tile (4 groups, 32 features) dequantized per pass, in record order: the tile's codes are
@@ -372,11 +405,7 @@ void gemm_f32_avx2(const float* x, int64_t x_stride, const QuantWeightView& w, i
   const int64_t half_panel = K * 2 * kQuantGroupCols;
   for (int64_t g = group_begin; g < group_end; g += kQuantTileGroups) {
     const int64_t ng = std::min<int64_t>(kQuantTileGroups, group_end - g);
-    if (w.bits == 4) {
-      dequant_tile<4>(w, g, ng, panel, half_panel);
-    } else {
-      dequant_tile<8>(w, g, ng, panel, half_panel);
-    }
+    with_bits(w.bits, [&](auto bits) { dequant_tile<decltype(bits)::value>(w, g, ng, panel, half_panel); });
     for (int64_t j = 0; j < ng; j += 2) {
       const float* half = panel + (j / 2) * half_panel;
       const int64_t n0 = (g + j) * kQuantGroupCols;

@@ -23,12 +23,6 @@ inline __m512i lane_code_zmm(__m512i quad, int j) {
   }
 }
 
-// Two 32-byte runs as one vector: `a` in the low half, `b` in the high half.
-inline __m512i load_pair(const uint8_t* a, const uint8_t* b) {
-  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
-}
-
 // Stores one row's 16 features [n, n + 16) of a pair: bias added (one add, as the other paths),
 // features past N left alone.
 inline void store_pair(__m512 acc, const float* bias, float* dst_row, int64_t n, int64_t N) {
@@ -46,32 +40,38 @@ void zmm_direct_tile(const float* x, int64_t x_stride, const QuantWeightView& w,
   const int64_t nb = w.in_features / kQuantBlock;
   constexpr int64_t kBlockBytes = kQuantBlock * kQuantGroupCols * BITS / 8;
   const uint8_t* codes = static_cast<const uint8_t*>(w.codes);
-  const __m512i low = _mm512_set1_epi8(0x0F);
   const float* xr = x + r0 * x_stride;
   __m512 acc[MR * 2];
 #pragma GCC unroll 16
   for (int i = 0; i < MR * 2; ++i) acc[i] = _mm512_setzero_ps();
+  constexpr int kQuadsPerScale = 8 / static_cast<int>(quant_scale_blocks(BITS));
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t record = quant_record(g0, b, nb);  // g0 starts a tile: its 4 records follow in order
-    __m512 d[2], m[2];
-#pragma GCC unroll 2
-    for (int p = 0; p < 2; ++p) {
-      d[p] = _mm512_loadu_ps(w.scales + (record + 2 * p) * kQuantGroupCols);
-      m[p] = w.mins ? _mm512_loadu_ps(w.mins + (record + 2 * p) * kQuantGroupCols) : _mm512_setzero_ps();
-    }
     const uint8_t* wb = codes + record * kBlockBytes;
+    __m512 d[2], m[2];
 #pragma GCC unroll 8
     for (int quad = 0; quad < 8; ++quad) {
+      if (quad % kQuadsPerScale == 0) {
+        // The scales of a tile's groups sit side by side (quant_linear.h): a pair is one load.
+        const int64_t at = quant_scale_index(g0, b, quad / kQuadsPerScale, nb, quant_scale_blocks(BITS));
+#pragma GCC unroll 2
+        for (int p = 0; p < 2; ++p) {
+          d[p] = _mm512_loadu_ps(w.scales + at + 2 * p * kQuantGroupCols);
+          if (w.mins) {
+            m[p] = _mm512_loadu_ps(w.mins + at + 2 * p * kQuantGroupCols);
+          } else if constexpr (BITS == 8) {
+            m[p] = _mm512_setzero_ps();
+          } else {
+            m[p] = _mm512_mul_ps(d[p], _mm512_set1_ps(-quant_symmetric_offset(BITS)));
+          }
+        }
+      }
       __m512i src[2];
 #pragma GCC unroll 2
       for (int p = 0; p < 2; ++p) {
         const uint8_t* ga = wb + 2 * p * kBlockBytes;
-        if constexpr (BITS == 8) {
-          src[p] = load_pair(ga + quad * 32, ga + kBlockBytes + quad * 32);
-        } else {
-          const __m512i v = load_pair(ga + (quad & 3) * 32, ga + kBlockBytes + (quad & 3) * 32);
-          src[p] = quad < 4 ? _mm512_and_si512(v, low) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        }
+        src[p] = _mm512_inserti64x4(_mm512_castsi256_si512(quad_codes<BITS>(ga, quad)),
+                                    quad_codes<BITS>(ga + kBlockBytes, quad), 1);
       }
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {
@@ -179,20 +179,12 @@ void gemm_f32_avx512(const float* x, int64_t x_stride, const QuantWeightView& w,
     // Work items are whole tiles (quant_linear.cc: group_begin starts one); the padded groups of
     // the last tile hold zero codes and their features are never stored.
     if (rows <= kZmmDirectRows) {
-      if (w.bits == 4) {
-        zmm_direct_rows<4>(x, x_stride, w, row_begin, rows, g, bias, out, out_stride);
-      } else {
-        zmm_direct_rows<8>(x, x_stride, w, row_begin, rows, g, bias, out, out_stride);
-      }
+      with_bits(w.bits, [&](auto bits) { zmm_direct_rows<decltype(bits)::value>(x, x_stride, w, row_begin, rows, g, bias, out, out_stride); });
       continue;
     }
     const int64_t half_panel = K * 2 * kQuantGroupCols;
     const int64_t ng = std::min<int64_t>(kQuantTileGroups, group_end - g);
-    if (w.bits == 4) {
-      dequant_tile<4>(w, g, ng, panel, half_panel);
-    } else {
-      dequant_tile<8>(w, g, ng, panel, half_panel);
-    }
+    with_bits(w.bits, [&](auto bits) { dequant_tile<decltype(bits)::value>(w, g, ng, panel, half_panel); });
     zmm_panel_rows(x, x_stride, panel, half_panel, ng > 2 ? 2 : 1, K, row_begin, row_end, g * kQuantGroupCols,
                    w.out_features, bias, out, out_stride);
   }

@@ -53,7 +53,7 @@ class Projection(NamedTuple):
     def of(cls, module: nn.Module) -> Projection:
         """The projection of an ``nn.Linear`` or :class:`QuantLinear`; TypeError otherwise."""
         if isinstance(module, QuantLinear):
-            w = module.qweight
+            w = module.qweight  # ValueError for a projection stored in parts (not compiled)
             return cls(None, module.bias, w.codes, w.scales, w.mins, w.out_features, w.in_features, w.bits,
                        module.int8_activations)  # fmt: skip
         if isinstance(module, nn.Linear):
@@ -92,6 +92,8 @@ class DecodeWeights(NamedTuple):
         if model.dtype != torch.float32 or model.embed_tokens.weight.device.type != "cpu":
             raise ValueError(f"compiled decode needs an fp32 CPU model, got {model.dtype} on "
                              f"{model.embed_tokens.weight.device}")  # fmt: skip
+        if model.quant_embed is not None:
+            raise ValueError("compiled decode reads a dense token table; this model keeps it quantized")
         cfg = model.config
         decoder_layers = [layer for layer in model.layers if isinstance(layer, LlamaDecoderLayer)]
         layers = tuple(

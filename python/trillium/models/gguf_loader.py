@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf.constants import GGMLQuantizationType as QT
 
 from trillium.models.config import ModelConfig, served_name
-from trillium.models.gguf_file import GGUFFile
+from trillium.models.gguf_file import GGUFFile, GGUFTensor
 from trillium.models.layers import rope_inv_freq
 from trillium.models.llama import LlamaForCausalLM
 
@@ -119,15 +120,18 @@ def hf_name(gguf_name: str) -> str | None:
 
 
 def iter_weights(
-    gguf: GGUFFile, config: ModelConfig, dtype: torch.dtype, progress: bool
+    gguf: GGUFFile, config: ModelConfig, dtype: torch.dtype, progress: bool, skip: frozenset[str] = frozenset()
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor in ``dtype``) for every model tensor in the file, un-permuted."""
+    """(HF name, tensor in ``dtype``) for every model tensor in the file, un-permuted, except the
+    GGUF tensors named in ``skip`` (kept quantized: never dequantized)."""
     from gguf.quants import dequantize
     from tqdm import tqdm
 
     permuted = _ARCHITECTURES[gguf.metadata["general.architecture"]][1]
     bar = tqdm(gguf.tensors, desc=f"Loading {config.name}", unit="tensor", file=sys.stderr, disable=not progress)
     for tensor in bar:
+        if tensor.name in skip:
+            continue
         name = hf_name(tensor.name)
         if name is None:
             if tensor.name != "rope_freqs.weight":  # handled by load_gguf_model
@@ -142,15 +146,36 @@ def iter_weights(
         yield name, torch.from_numpy(np.require(array, requirements=["C", "W"])).to(dtype)
 
 
-def supports_quantized(path: str) -> bool:
-    """Whether every projection of the GGUF file is of a type the quantized kernel takes."""
-    from trillium.models.gguf_quant import SUPPORTED
+_PROJECTION_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
-    gguf = GGUFFile(path)
-    kinds = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-    projections = [t for t in gguf.tensors if t.name.endswith(".weight") and t.name.split(".")[-2] in kinds]
-    head = [t for t in gguf.tensors if t.name in ("output.weight", "token_embd.weight")][-1:]
-    return bool(projections) and all(t.qtype in SUPPORTED for t in projections + head)
+
+def _kernel_tensors(gguf: GGUFFile) -> tuple[list[GGUFTensor], list[GGUFTensor]]:
+    """(projection tensors, the output head) of a file: what the quantized path must take."""
+    projections = [t for t in gguf.tensors if t.name.endswith(".weight") and t.name.split(".")[-2] in _PROJECTION_KINDS]
+    by_name = {t.name: t for t in gguf.tensors}
+    head = by_name.get("output.weight", by_name.get("token_embd.weight"))  # tied: the token table
+    return projections, [] if head is None else [head]
+
+
+def supports_quantized(path: str, int8_activations: bool = False) -> bool:
+    """Whether every projection and the head of the GGUF file is of a type the quantized kernel
+    takes (``int8_activations``: of a 4- or 8-bit type, all the integer loops take)."""
+    from trillium.models.gguf_quant import BITS
+
+    projections, head = _kernel_tensors(GGUFFile(path))
+    tensors = projections + head
+    if not projections or not all(t.qtype in BITS for t in tensors):
+        return False
+    return not int8_activations or all(BITS[QT(t.qtype)] in (4, 8) for t in tensors)
+
+
+def _quantized_names(gguf: GGUFFile, embed_quantized: bool) -> frozenset[str]:
+    """GGUF names of the tensors the quantized path keeps quantized (never dequantized)."""
+    projections, head = _kernel_tensors(gguf)
+    names = {t.name for t in projections + head}
+    if embed_quantized:
+        names.add("token_embd.weight")
+    return frozenset(names)
 
 
 def load_gguf_model(
@@ -163,24 +188,32 @@ def load_gguf_model(
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model described by a GGUF file and load its (dequantized) weights.
 
-    ``quantized``: keep the projections in the file's block quantization (Q4_0/Q4_1/Q8_0) and run
-    them with the C++ block-quantized kernel (fp32 CPU only). Raises ValueError if the file has
-    other types, so callers decide with :func:`supports_quantized` first.
+    ``quantized``: keep the projections, the head and the token table in the file's block
+    quantization (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; ``models.gguf_quant``) and run
+    them with the C++ block-quantized kernel (fp32 CPU only); their dense matrices are never
+    built. Raises ValueError if the file has other types, so callers decide with
+    :func:`supports_quantized` first.
     """
     gguf = GGUFFile(path)
     config = read_config(gguf)
     model = LlamaForCausalLM.empty(config, dtype, device)
-    model.load_weights((n, t.to(device)) for n, t in iter_weights(gguf, config, dtype, progress))
+    skip: frozenset[str] = frozenset()
     if quantized:
         from trillium.models.gguf_quant import read_quant_weights
 
         if dtype != torch.float32 or torch.device(device).type != "cpu":
             raise ValueError("quantized weights run on fp32 CPU activations only")
+        if not supports_quantized(path, int8_activations):
+            kinds = "Q4_0/Q4_1/Q8_0" if int8_activations else "of a quantized-kernel type"
+            raise ValueError(f"{path}: some projections are not {kinds}; load it dense")
         permuted = _ARCHITECTURES[gguf.metadata["general.architecture"]][1]
         weights = read_quant_weights(gguf, config, permuted)
         if weights is None:
-            raise ValueError(f"{path}: some projections are not Q4_0/Q4_1/Q8_0; load it dense")
+            raise ValueError(f"{path}: some projections are not of a quantized-kernel type; load it dense")
+        # Swapped in before loading the rest: the dense projections are never materialized.
         model.use_quant_weights(weights, int8_activations)
+        skip = _quantized_names(gguf, "embed_tokens" in weights)
+    model.load_weights((n, t.to(device)) for n, t in iter_weights(gguf, config, dtype, progress, skip))
     freqs = next((t for t in gguf.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
         # Llama-3.1-style files carry per-frequency divisors instead of rope-scaling metadata.

@@ -1,13 +1,22 @@
 """Quantized GGUF weights kept quantized: block codes for the C++ block-quantized linear kernel.
 
-GGUF's Q4_0, Q4_1 and Q8_0 blocks (32 weights each) are read as integer codes plus one scale and
-one min per block, ``w = scale * code + min``, without any loss:
+Every type here is read as integer codes with one scale and one min per scale block,
+``w = scale * code + min`` (``ops.quant_linear``), without any loss: the scales are products of
+the file's fp16 and small integer scales, exact in fp32, and the kernel's one fma per weight
+rounds ``scale * code + min`` once, as the file's own dequantization does.
 
-    Q4_0  [d: f16][16 bytes: low nibbles = weights 0..15, high = 16..31]   w = d * (q - 8)
-    Q4_1  [d: f16][m: f16][16 bytes as Q4_0]                               w = d * q + m
-    Q8_0  [d: f16][32 x int8]                                              w = d * q
+    Q4_0  [d f16][16 B: low nibbles = w 0..15, high = 16..31]        w = d (q - 8)            4 bits
+    Q4_1  [d f16][m f16][16 B as Q4_0]                               w = d q + m              4 bits
+    Q5_0  [d f16][qh u32: bit j = bit 4 of w j][16 B as Q4_0]        w = d (q - 16)           5 bits
+    Q5_1  [d f16][m f16][qh u32][16 B as Q4_0]                       w = d q + m              5 bits
+    Q8_0  [d f16][32 x int8]                                         w = d q                  8 bits
+    Q4_K  256 weights: [d f16][dmin f16][12 B: 8 x (6-bit sc, 6-bit m)][128 B nibbles]
+          sub-block j (32 weights): w = d sc_j q - dmin m_j                                     4 bits
+    Q5_K  as Q4_K with [32 B qh: bit j of byte i = bit 4 of weight i of sub-block j]            5 bits
+    Q6_K  256 weights: [128 B low nibbles][64 B 2-bit highs][16 x int8 sc][d f16]
+          16-weight sub-block j: w = d sc_j (q - 32)                                          6 bits
 
-Other types (Q5_*, K-quants, F16, ...) return None here and stay on the dense path.
+Other types (Q2_K, Q3_K, IQ*, F16, ...) return None here and stay on the dense path.
 """
 
 from __future__ import annotations
@@ -22,52 +31,135 @@ from trillium.models.config import ModelConfig
 from trillium.models.gguf_file import GGUFFile, GGUFTensor
 from trillium.ops.quant_linear import QuantWeight
 
-BlockCodes = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # codes int8 [N, K], scale [N, K/32], min, bits
+# codes int8 [N, K], scale fp32 [N, K / S], min fp32 [N, K / S], bits (S: ops.quant_linear.scale_block)
+BlockCodes = tuple[np.ndarray, np.ndarray, np.ndarray, int]
 
-SUPPORTED = {QT.Q4_0: "Q4_0", QT.Q4_1: "Q4_1", QT.Q8_0: "Q8_0"}
+SUPPORTED = {
+    QT.Q4_0: "Q4_0",
+    QT.Q4_1: "Q4_1",
+    QT.Q5_0: "Q5_0",
+    QT.Q5_1: "Q5_1",
+    QT.Q8_0: "Q8_0",
+    QT.Q4_K: "Q4_K",
+    QT.Q5_K: "Q5_K",
+    QT.Q6_K: "Q6_K",
+}
+# Types whose mins are -offset * scale: packed without mins (the kernel derives them).
+SYMMETRIC = frozenset({QT.Q4_0, QT.Q5_0, QT.Q6_K, QT.Q8_0})
+BITS = {QT.Q4_0: 4, QT.Q4_1: 4, QT.Q5_0: 5, QT.Q5_1: 5, QT.Q8_0: 8, QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
+
+# What the fused projections and the head are built from, in row order.
+_PROJECTIONS = {
+    "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
+    "self_attn.o_proj": ("attn_output",),
+    "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
+    "mlp.down_proj": ("ffn_down",),
+}
+
+Packed = QuantWeight | tuple[QuantWeight, ...]  # one weight, or a fused projection's parts
+
+
+_CHUNK_WEIGHTS = 1 << 22  # decoded at a time: the decoding's temporaries stay a few MB
 
 
 def read_block_codes(gguf: GGUFFile, tensor: GGUFTensor) -> BlockCodes | None:
-    """(codes, scale, min, bits) of a 2-D Q4_0 / Q4_1 / Q8_0 tensor, or None for other types."""
+    """(codes, scale, min, bits) of a 2-D tensor of a :data:`SUPPORTED` type, or None otherwise."""
     if tensor.qtype not in SUPPORTED or len(tensor.dims) != 2:
         return None
     return block_codes_from_raw(np.asarray(gguf.raw(tensor)), tensor.qtype, *tensor.dims)
 
 
+def read_packed(gguf: GGUFFile, tensor: GGUFTensor) -> QuantWeight | None:
+    """The packed weight of a 2-D tensor of a :data:`SUPPORTED` type, or None otherwise.
+
+    Decoded and packed a few tiles of rows at a time, straight into the packed buffers: a token
+    table of 150k rows would otherwise hold its codes, their copies and the decoding's widened
+    bit planes -- several times its packed size -- while it loads."""
+    if tensor.qtype not in SUPPORTED or len(tensor.dims) != 2:
+        return None
+    n, k = tensor.dims
+    qtype = QT(tensor.qtype)
+    weight = QuantWeight.empty(n, k, BITS[qtype], with_mins=qtype not in SYMMETRIC)
+    raw = np.asarray(gguf.raw(tensor)).reshape(n, -1)  # one row of blocks per output feature
+    rows = max(32, _CHUNK_WEIGHTS // k // 32 * 32)  # whole tiles of 32 rows
+    for row in range(0, n, rows):
+        codes, scale, mins, _ = block_codes_from_raw(raw[row : row + rows], qtype, min(rows, n - row), k)
+        weight.pack_rows(
+            row,
+            torch.from_numpy(codes),
+            torch.from_numpy(scale),
+            None if qtype in SYMMETRIC else torch.from_numpy(mins),
+        )
+    return weight
+
+
+def _f16(raw: np.ndarray, at: int) -> np.ndarray:
+    """The fp16 at byte ``at`` of every block row, as fp32 [blocks, 1]."""
+    return raw[:, at : at + 2].copy().view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """[blocks, 16 c] bytes -> [blocks, c, 32]: chunk j's low nibbles then its high nibbles."""
+    chunks = qs.reshape(qs.shape[0], -1, 16 if qs.shape[1] == 16 else 32)
+    return np.concatenate([chunks & 0x0F, chunks >> 4], axis=2)
+
+
+def _k_scales(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K's 12 bytes -> the 8 sub-blocks' 6-bit scales and mins, [blocks, 8] each."""
+    a, b, c = sc12[:, 0:4], sc12[:, 4:8], sc12[:, 8:12]
+    sc = np.concatenate([a & 0x3F, (c & 0x0F) | ((a >> 6) << 4)], axis=1)
+    mn = np.concatenate([b & 0x3F, (c >> 4) | ((b >> 6) << 4)], axis=1)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
 def block_codes_from_raw(raw: np.ndarray, qtype: int, n: int, k: int) -> BlockCodes:
-    """Decode the raw bytes of an [n, k] Q4_0 / Q4_1 / Q8_0 tensor into codes, scale, min."""
-    raw = raw.reshape(n * k // 32, -1)  # one row per block
-    d = raw[:, :2].copy().view(np.float16).astype(np.float32).reshape(n, k // 32)
+    """Decode the raw bytes of an [n, k] tensor of a :data:`SUPPORTED` type into codes, scale, min."""
+    qtype = QT(qtype)
+    if qtype not in SUPPORTED:
+        raise ValueError(f"block codes are read for {', '.join(SUPPORTED.values())}, not {qtype.name}")
+    per_block = 256 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 32
+    raw = raw.reshape(n * k // per_block, -1)  # one row per block
+    bits = BITS[qtype]
+    codes: np.ndarray
+    scale: np.ndarray
+    mins: np.ndarray
     if qtype == QT.Q8_0:
-        codes = raw[:, 2:].copy().view(np.int8).reshape(n, k)
-        return codes, d, np.zeros_like(d), 8
-    if qtype == QT.Q4_1:
-        m = raw[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(n, k // 32)
-        qs = raw[:, 4:]
-    elif qtype == QT.Q4_0:
-        m = -8.0 * d
-        qs = raw[:, 2:]
-    else:
-        raise ValueError(f"block codes are read for Q4_0, Q4_1 and Q8_0 only, not type {qtype}")
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int8).reshape(n, k)
-    return codes, d, m, 4
+        codes = raw[:, 2:].copy().view(np.int8)
+        scale, mins = _f16(raw, 0), np.zeros((raw.shape[0], 1), np.float32)
+    elif qtype in (QT.Q4_0, QT.Q4_1):
+        scale = _f16(raw, 0)
+        mins = _f16(raw, 2) if qtype == QT.Q4_1 else -8.0 * scale
+        codes = _nibbles(raw[:, 4 if qtype == QT.Q4_1 else 2 :]).reshape(raw.shape[0], 32)
+    elif qtype in (QT.Q5_0, QT.Q5_1):
+        at = 4 if qtype == QT.Q5_1 else 2
+        scale = _f16(raw, 0)
+        mins = _f16(raw, 2) if qtype == QT.Q5_1 else -16.0 * scale
+        qh = raw[:, at : at + 4].copy().view("<u4")  # [blocks, 1]
+        high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+        codes = _nibbles(raw[:, at + 4 :]).reshape(raw.shape[0], 32) | (high << 4)
+    elif qtype in (QT.Q4_K, QT.Q5_K):
+        d, dmin = _f16(raw, 0), _f16(raw, 2)
+        sc, mn = _k_scales(raw[:, 4:16])
+        scale, mins = d * sc, -(dmin * mn)  # [blocks, 8]: exact products in fp32
+        qs = raw[:, 16:144] if qtype == QT.Q4_K else raw[:, 48:176]
+        codes = _nibbles(qs).reshape(raw.shape[0], 8, 32)
+        if qtype == QT.Q5_K:
+            qh = raw[:, None, 16:48]  # [blocks, 1, 32]
+            codes = codes | (((qh >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 4)
+    else:  # Q6_K
+        ql, qh2 = raw[:, 0:128].reshape(-1, 2, 1, 64), raw[:, 128:192].reshape(-1, 2, 1, 32)
+        low = np.concatenate([ql & 0x0F, ql >> 4], axis=2).reshape(raw.shape[0], 256)
+        pairs = ((qh2 >> np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]) & 3).reshape(raw.shape[0], 256)
+        codes = low | (pairs << 4)
+        scale = _f16(raw, 208) * raw[:, 192:208].copy().view(np.int8).astype(np.float32)  # [blocks, 16]
+        mins = -32.0 * scale
+    codes = np.ascontiguousarray(codes).view(np.int8).reshape(n, k)
+    return codes, scale.reshape(n, -1), np.broadcast_to(mins, scale.shape).reshape(n, -1).astype(np.float32), bits
 
 
 def _rows(block_codes: BlockCodes, fn: Callable[[np.ndarray], np.ndarray]) -> BlockCodes:
     codes, scale, mins, bits = block_codes
     return fn(codes), fn(scale), fn(mins), bits
-
-
-def _cat(parts: list[BlockCodes]) -> BlockCodes:
-    bits = {p[3] for p in parts}
-    if len(bits) != 1:
-        raise ValueError("fused projections must share one quantization type")
-    return (
-        np.concatenate([p[0] for p in parts]),
-        np.concatenate([p[1] for p in parts]),
-        np.concatenate([p[2] for p in parts]),
-        bits.pop(),
-    )
 
 
 def _pack(block_codes: BlockCodes) -> QuantWeight:
@@ -77,10 +169,27 @@ def _pack(block_codes: BlockCodes) -> QuantWeight:
     )
 
 
-def read_quant_weights(gguf: GGUFFile, config: ModelConfig, permuted: bool) -> dict[str, QuantWeight] | None:
+def pack_fused(pieces: list[BlockCodes]) -> Packed:
+    """One packed weight for row-concatenated pieces of one format, or parts where the format
+    changes (consecutive pieces of the same bits and scale block are packed together)."""
+    runs: list[list[BlockCodes]] = []
+    for piece in pieces:
+        if runs and runs[-1][-1][3] == piece[3]:
+            runs[-1].append(piece)
+        else:
+            runs.append([piece])
+    parts = tuple(
+        _pack(run[0]) if len(run) == 1 else _pack((*(np.concatenate([p[i] for p in run]) for i in range(3)), run[0][3]))  # type: ignore[arg-type]
+        for run in runs
+    )
+    return parts[0] if len(parts) == 1 else parts
+
+
+def read_quant_weights(gguf: GGUFFile, config: ModelConfig, permuted: bool) -> dict[str, Packed] | None:
     """Packed weights for every projection of the model, keyed by our module names
-    (``layers.0.self_attn.qkv_proj``, ..., ``lm_head``), or None if any projection is of a type
-    the kernel does not take (then the whole model stays dense: one path per model).
+    (``layers.0.self_attn.qkv_proj``, ..., ``lm_head``), and ``embed_tokens`` when the token table
+    is of a kernel type too; or None if any projection is of a type the kernel does not take (then
+    the whole model stays dense: one path per model).
 
     ``permuted``: undo llama.cpp's Q/K row permutation, as the dense loader does.
     """
@@ -92,26 +201,39 @@ def read_quant_weights(gguf: GGUFFile, config: ModelConfig, permuted: bool) -> d
         tensor = by_name.get(name)
         return None if tensor is None else read_block_codes(gguf, tensor)
 
-    out: dict[str, QuantWeight] = {}
+    out: dict[str, Packed] = {}
     for i in range(config.num_layers):
-        found = {
-            kind: codes(f"blk.{i}.{kind}.weight")
-            for kind in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-        }
-        parts = {kind: p for kind, p in found.items() if p is not None}
-        if len(parts) < len(found):
-            return None
-        q, k = parts["attn_q"], parts["attn_k"]
-        if permuted:
-            q = _rows(q, lambda a: unpermute_qk(a, config.num_heads))
-            k = _rows(k, lambda a: unpermute_qk(a, config.num_kv_heads))
-        prefix = f"layers.{i}"
-        out[f"{prefix}.self_attn.qkv_proj"] = _pack(_cat([q, k, parts["attn_v"]]))
-        out[f"{prefix}.self_attn.o_proj"] = _pack(parts["attn_output"])
-        out[f"{prefix}.mlp.gate_up_proj"] = _pack(_cat([parts["ffn_gate"], parts["ffn_up"]]))
-        out[f"{prefix}.mlp.down_proj"] = _pack(parts["ffn_down"])
-    head = codes("output.weight") if "output.weight" in by_name else codes("token_embd.weight")
+        for module, kinds in _PROJECTIONS.items():
+            if len(kinds) == 1:
+                tensor = by_name.get(f"blk.{i}.{kinds[0]}.weight")
+                packed = None if tensor is None else read_packed(gguf, tensor)
+                if packed is None:
+                    return None
+                out[f"layers.{i}.{module}"] = packed
+                continue
+            pieces = [codes(f"blk.{i}.{kind}.weight") for kind in kinds]
+            if any(p is None for p in pieces):
+                return None
+            found = dict(zip(kinds, pieces, strict=True))
+            if permuted and "attn_q" in found:
+                found["attn_q"] = _rows(found["attn_q"], lambda a: unpermute_qk(a, config.num_heads))  # type: ignore[arg-type]
+                found["attn_k"] = _rows(found["attn_k"], lambda a: unpermute_qk(a, config.num_kv_heads))  # type: ignore[arg-type]
+            out[f"layers.{i}.{module}"] = pack_fused([found[kind] for kind in kinds])  # type: ignore[misc]
+    head_tensor = by_name.get("output.weight", by_name.get("token_embd.weight"))
+    head = None if head_tensor is None else read_packed(gguf, head_tensor)
     if head is None:
         return None
-    out["lm_head"] = _pack(head)
+    out["lm_head"] = head
+    if "output.weight" not in by_name:
+        out["embed_tokens"] = head  # tied: one packed table for the lookup and the head
+    else:
+        embed = by_name.get("token_embd.weight")
+        packed_embed = None if embed is None else read_packed(gguf, embed)
+        if packed_embed is not None:
+            out["embed_tokens"] = packed_embed
     return out
+
+
+def kernel_bits(gguf: GGUFFile) -> set[int]:
+    """The code widths the file's kernel-type tensors would be packed with."""
+    return {BITS[QT(t.qtype)] for t in gguf.tensors if t.qtype in BITS}

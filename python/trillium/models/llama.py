@@ -7,7 +7,7 @@ gate/up into another, so each layer runs two matmuls fewer per step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -30,18 +30,28 @@ def _linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype)
 
 
 class QuantLinear(nn.Module):
-    """``nn.Linear`` over a block-quantized weight (``ops.quant_linear``; fp32 CPU activations)."""
+    """``nn.Linear`` over a block-quantized weight (``ops.quant_linear``; fp32 CPU activations),
+    or over a fused projection's parts when the file stores its pieces in different formats."""
 
-    qweight: QuantWeight
+    parts: tuple[QuantWeight, ...]
 
-    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None, int8_activations: bool = False) -> None:
+    def __init__(
+        self, weight: QuantWeight | tuple[QuantWeight, ...], bias: torch.Tensor | None, int8_activations: bool = False
+    ) -> None:
         super().__init__()
-        self.qweight = weight
+        self.parts = (weight,) if isinstance(weight, QuantWeight) else tuple(weight)
         self.int8_activations = int8_activations
-        self.in_features, self.out_features = weight.in_features, weight.out_features
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         # Kernel arguments resolved once: this runs 4 times per layer per step.
-        self._op = BoundQuantLinear(weight, self.bias, int8_activations)
+        self._op = BoundQuantLinear(self.parts, self.bias, int8_activations)
+        self.in_features, self.out_features = self._op.in_features, self._op.out_features
+
+    @property
+    def qweight(self) -> QuantWeight:
+        """The weight of a one-part projection (ValueError for parts)."""
+        if len(self.parts) != 1:
+            raise ValueError(f"this projection is stored in {len(self.parts)} parts of different formats")
+        return self.parts[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         return self._op(x)
@@ -154,6 +164,7 @@ class LlamaForCausalLM(nn.Module):
             None if config.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, False, dtype)
         )
         self.quant_head: QuantWeight | None = None  # set by use_quant_weights
+        self.quant_embed: QuantWeight | None = None  # the token table kept quantized (use_quant_weights)
         self.int8_activations = False
         # Run all layers of a step in one core call where the model allows it (fp32 CPU,
         # quantized projections; see ops.decoder_stack). False: the per-operation Python path.
@@ -182,7 +193,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [T, H], after the final norm
         """Run one step: store this step's K/V into the caches (slots from ``meta``) and return
         the final-normed hidden state of every new token. Mutates ``kv_caches`` only."""
-        hidden = self.embed_tokens(input_ids)  # [T, H] (a fresh tensor: the residual stream is updated in place)
+        hidden = self.embed(input_ids)  # [T, H] (a fresh tensor: the residual stream is updated in place)
         rope = self.rotary.for_step(positions, hidden.dtype)
         stack = self._decoder_stack(kv_caches, hidden, rope)
         residual: torch.Tensor | None = None
@@ -194,6 +205,13 @@ class LlamaForCausalLM(nn.Module):
         normed: torch.Tensor
         normed, _ = self.norm(hidden, residual)
         return normed
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
+        """The token embeddings: rows of the (possibly quantized) token table."""
+        if self.quant_embed is not None:
+            return self.quant_embed.dequantize_rows(input_ids)
+        out: torch.Tensor = self.embed_tokens(input_ids)
+        return out
 
     def _decoder_stack(self, kv_caches: list[KVCache], hidden: torch.Tensor, rope: RopeStep) -> DecoderStack | None:
         """The one-call stack for these KV pools (built on first use), or None where the model
@@ -227,10 +245,10 @@ class LlamaForCausalLM(nn.Module):
             stack.add_layer(
                 layer.input_layernorm.weight,
                 layer.post_attention_layernorm.weight,
-                qkv.qweight,
+                qkv.parts,
                 qkv.bias,
                 o.qweight,
-                gate_up.qweight,
+                gate_up.parts,
                 down.qweight,
                 k_cache,
                 v_cache,
@@ -248,34 +266,56 @@ class LlamaForCausalLM(nn.Module):
     def is_quantized(self) -> bool:
         return self.quant_head is not None
 
-    def use_quant_weights(self, weights: dict[str, QuantWeight], int8_activations: bool = False) -> None:
+    def use_quant_weights(
+        self, weights: Mapping[str, QuantWeight | tuple[QuantWeight, ...]], int8_activations: bool = False
+    ) -> None:
         """Swap every projection (and the output head) for its block-quantized weight
         (``int8_activations``: llama.cpp-style approximate activations, see ``ops.quant_linear``).
 
         ``weights`` maps module names (``layers.0.self_attn.qkv_proj``, ..., ``lm_head``) to packed
-        weights of the same shapes; the dense matrices they replace are freed. The embedding
-        table stays dense (a lookup reads a few rows). Raises ValueError on a missing name or a
-        shape mismatch, before changing anything.
+        weights of the same shapes -- a fused projection may come as parts of different formats --
+        and optionally ``embed_tokens`` to the packed token table [V, H], looked up row by row
+        instead of a dense table. The dense matrices they replace are freed. Raises ValueError on
+        a missing name or a shape mismatch, before changing anything.
         """
         modules = dict(self.named_modules())
         targets = [n for n, m in modules.items() if isinstance(m, nn.Linear) and n != "lm_head"]
         missing = [n for n in [*targets, "lm_head"] if n not in weights]
         if missing:
             raise ValueError(f"quantized weights missing for {missing[:3]}")
-        for name in targets:
-            dense, packed = modules[name], weights[name]
-            if (packed.out_features, packed.in_features) != tuple(dense.weight.shape):
+
+        def shape(packed: QuantWeight | tuple[QuantWeight, ...]) -> tuple[int, int]:
+            parts = (packed,) if isinstance(packed, QuantWeight) else packed
+            return sum(p.out_features for p in parts), parts[0].in_features
+
+        cfg = self.config
+        expected = {n: tuple(modules[n].weight.shape) for n in targets}
+        expected["lm_head"] = (cfg.vocab_size, cfg.hidden_size)
+        if "embed_tokens" in weights:
+            expected["embed_tokens"] = (cfg.vocab_size, cfg.hidden_size)
+        for name, want in expected.items():
+            if shape(weights[name]) != want:
                 raise ValueError(
-                    f"{name}: quantized weight is {packed.out_features}x{packed.in_features}, "
-                    f"expected {tuple(dense.weight.shape)}"
+                    f"{name}: quantized weight is {'x'.join(map(str, shape(weights[name])))}, expected {want}"
                 )
+        for name in ("lm_head", "embed_tokens"):
+            if name in weights and not isinstance(weights[name], QuantWeight):
+                raise ValueError(f"{name}: expected one packed weight, not parts")
         for name in targets:
             parent_name, _, leaf = name.rpartition(".")
             parent = modules[parent_name] if parent_name else self
             setattr(parent, leaf, QuantLinear(weights[name], modules[name].bias, int8_activations))
         self.int8_activations = int8_activations
         self.lm_head = None
-        self.quant_head = weights["lm_head"]
+        head = weights["lm_head"]
+        assert isinstance(head, QuantWeight)
+        self.quant_head = head
+        embed = weights.get("embed_tokens")
+        if isinstance(embed, QuantWeight):
+            self.quant_embed = embed
+            self.embed_tokens.weight = nn.Parameter(
+                torch.empty(0, cfg.hidden_size, dtype=self.dtype), requires_grad=False
+            )
 
     def allocate_kv_caches(
         self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
@@ -303,6 +343,8 @@ class LlamaForCausalLM(nn.Module):
         tied_head = None
         for hf_name, tensor in weights:
             name = hf_name.removeprefix("model.")
+            if name == "embed_tokens.weight" and self.quant_embed is not None:
+                continue  # looked up in the quantized table
             if name == "lm_head.weight" and self.lm_head is None:
                 tied_head = tensor  # used only if the checkpoint stored the tied matrix under this name
                 continue
@@ -330,7 +372,7 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"weight {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
             dest.copy_(tensor)
             loaded.add(key)
-        if "embed_tokens.weight" not in loaded and tied_head is not None:
+        if "embed_tokens.weight" not in loaded and tied_head is not None and self.quant_embed is None:
             params["embed_tokens.weight"].copy_(tied_head)
             loaded.add("embed_tokens.weight")
         missing = [n for n in self._expected_keys() if n not in loaded]
@@ -363,6 +405,8 @@ class LlamaForCausalLM(nn.Module):
     def _expected_keys(self) -> list[str]:
         keys = []
         for name, _ in self.named_parameters():
+            if name == "embed_tokens.weight" and self.quant_embed is not None:
+                continue
             module, _, _leaf = name.rpartition(".")
             fused = module.rpartition(".")[2]
             if fused == "qkv_proj":

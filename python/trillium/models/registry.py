@@ -42,7 +42,7 @@ def load_model(
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Load a ``.gguf`` file or a Hugging Face directory; returns the model in eval mode and its config.
 
-    ``quantized`` keeps a GGUF file's Q4_0/Q4_1/Q8_0 projections quantized (see
+    ``quantized`` keeps a GGUF file's block-quantized projections quantized (see
     :func:`can_run_quantized`); ``int8_activations`` makes their matmuls round activations to int8. Raises FileNotFoundError for a missing path and ValueError for an
     unsupported format or architecture (the message names it).
     """
@@ -50,7 +50,7 @@ def load_model(
         from trillium.models.hf_loader import load_hf_model
 
         if quantized:
-            raise ValueError("quantized weights need a GGUF file with Q4_0/Q4_1/Q8_0 projections")
+            raise ValueError("quantized weights need a GGUF file with block-quantized projections")
         return load_hf_model(path, dtype, device, progress)
     if not os.path.exists(path):
         raise FileNotFoundError(f"model path {path!r} does not exist")
@@ -61,11 +61,15 @@ def load_model(
     raise ValueError(f"unsupported model file {path!r}: expected a .gguf file or a Hugging Face directory")
 
 
-def can_run_quantized(path: str, dtype: torch.dtype, device: torch.device | str = "cpu") -> tuple[bool, str]:
+def can_run_quantized(
+    path: str, dtype: torch.dtype, device: torch.device | str = "cpu", int8_activations: bool = False
+) -> tuple[bool, str]:
     """Whether ``path`` can be served with quantized weights here, and why not if it cannot.
 
-    Needs a GGUF file whose projections are Q4_0/Q4_1/Q8_0, fp32 activations on the CPU, and a
-    SIMD kernel for this CPU (the portable fallback is exact but slower than dense torch).
+    Needs a GGUF file whose projections and head are of a quantized-kernel type (Q4_0, Q4_1, Q5_0,
+    Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; with ``int8_activations`` only the 4- and 8-bit ones), fp32
+    activations on the CPU, and a SIMD kernel for this CPU (the portable fallback is exact but
+    slower than dense torch).
     """
     from trillium.ops.cpu_isa import kernel_isa
 
@@ -78,5 +82,7 @@ def can_run_quantized(path: str, dtype: torch.dtype, device: torch.device | str 
     from trillium.models.gguf_loader import supports_quantized
 
     if not supports_quantized(path):
-        return False, "projections are not all Q4_0/Q4_1/Q8_0"
+        return False, "projections are not all of a quantized-kernel type (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K)"
+    if int8_activations and not supports_quantized(path, int8_activations=True):
+        return False, "int8 activations take Q4_0/Q4_1/Q8_0 projections only (use --weights quantized)"
     return True, ""

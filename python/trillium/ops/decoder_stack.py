@@ -12,6 +12,7 @@ alive and in place (the model and the runner own them).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,11 @@ def _weight(w: QuantWeight) -> tuple[int, int, int, int, int, int]:
     return (n, k, bits, codes, scales, mins)
 
 
+def _parts(w: QuantWeight | Sequence[QuantWeight]) -> list[tuple[int, int, int, int, int, int]]:
+    """A fused projection's parts (one weight, or consecutive rows in different formats)."""
+    return [_weight(w)] if isinstance(w, QuantWeight) else [_weight(p) for p in w]
+
+
 class DecoderStack:
     """The layers of one model bound to one set of KV pools; :meth:`forward` runs a step."""
 
@@ -52,10 +58,10 @@ class DecoderStack:
         self,
         input_norm: torch.Tensor,  # [H] fp32
         post_attention_norm: torch.Tensor,  # [H] fp32
-        qkv: QuantWeight,
+        qkv: QuantWeight | Sequence[QuantWeight],
         qkv_bias: torch.Tensor | None,  # [(Hq + 2 Hkv) D] fp32
         o: QuantWeight,
-        gate_up: QuantWeight,
+        gate_up: QuantWeight | Sequence[QuantWeight],
         down: QuantWeight,
         k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], fp32 or bf16
         v_cache: torch.Tensor,
@@ -87,10 +93,10 @@ class DecoderStack:
             rms_eps=s.rms_eps,
             input_norm=input_norm.data_ptr(),
             post_attention_norm=post_attention_norm.data_ptr(),
-            qkv=_weight(qkv),
+            qkv=_parts(qkv),
             qkv_bias=0 if qkv_bias is None else qkv_bias.data_ptr(),
             o=_weight(o),
-            gate_up=_weight(gate_up),
+            gate_up=_parts(gate_up),
             down=_weight(down),
             k_cache=k_cache.data_ptr(),
             v_cache=v_cache.data_ptr(),

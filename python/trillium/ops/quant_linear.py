@@ -1,8 +1,10 @@
 """Block-quantized linear layers: typed wrappers over ``_core.quant_linear`` (CPU only).
 
-A weight ``W[N, K]`` is stored as integer codes in blocks of 32 along K with one fp32 scale and
-one fp32 min per block: ``W[n, k] = scale[n, k // 32] * codes[n, k] + min[n, k // 32]`` -- exactly
-GGUF's Q4_0 / Q4_1 / Q8_0, so a quantized file is served without dequantizing it. By default the
+A weight ``W[N, K]`` is stored as integer codes of 4, 5, 6 or 8 bits with one fp32 scale and one
+fp32 min per scale block of S weights along K (S = 32; 16 for 6 bits):
+``W[n, k] = scale[n, k // S] * codes[n, k] + min[n, k // S]`` -- exactly GGUF's Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K, so a quantized file is served without dequantizing
+it. Formats whose mins are ``-offset * scale`` (Q4_0, Q5_0, Q6_K; Q8_0's zero) store no mins. By default the
 activations stay fp32 and the result is ``x @ dequantize(W).T`` up to summation order; with
 ``int8_activations`` they are rounded to int8 per row and 32-block (as llama.cpp does) and the
 integer dot products are exact; :func:`reference_quant_linear` computes that in float64.
@@ -13,6 +15,7 @@ shape) or, for a layer that runs every step, :class:`BoundQuantLinear` (argument
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +23,17 @@ import torch
 from trillium import _core
 
 BLOCK = _core.QUANT_BLOCK  # 32
+BITS = (4, 5, 6, 8)
+
+
+def scale_block(bits: int) -> int:
+    """Weights per scale along K: 16 for 6-bit codes (GGUF's Q6_K), else 32."""
+    return 16 if bits == 6 else BLOCK
+
+
+def symmetric_offset(bits: int) -> int:
+    """What no mins stand for: ``w = scale * (code - offset)`` (8-bit codes are signed: 0)."""
+    return 0 if bits == 8 else 1 << (bits - 1)
 
 
 @dataclass(frozen=True)
@@ -31,40 +45,105 @@ class QuantWeight:
     bits: int
     codes: torch.Tensor  # uint8, packed
     scales: torch.Tensor  # float32, packed
-    mins: torch.Tensor  # float32, packed; empty when every min is 0 (Q8_0): the kernels then read none
+    mins: torch.Tensor  # float32, packed; empty for the format's symmetric codes (no mins read)
 
     @classmethod
-    def pack(cls, codes: torch.Tensor, scale: torch.Tensor, min: torch.Tensor, bits: int) -> QuantWeight:
-        """Pack row-major ``codes`` int8 [N, K] (4-bit codes in [0, 15]; 8-bit in [-128, 127]) with
-        ``scale`` and ``min`` fp32 [N, K/32]. Raises ValueError on bad sizes or codes. An all-zero
-        ``min`` is not packed (``mins`` empty): a decode step reads its weights from memory, and
-        the mins were 1/10 of a Q8_0 weight's bytes."""
+    def pack(cls, codes: torch.Tensor, scale: torch.Tensor, min: torch.Tensor | None, bits: int) -> QuantWeight:
+        """Pack row-major ``codes`` int8 [N, K] (``bits`` 4, 5, 6: unsigned codes below
+        ``2**bits``; 8: signed) with ``scale`` and ``min`` fp32 [N, K / S] (S = :func:`scale_block`).
+        ``min`` None, or equal to ``-symmetric_offset(bits) * scale`` (Q4_0, Q5_0, Q6_K; Q8_0's
+        zeros), is not packed (``mins`` empty): a decode step reads its weights from memory, and
+        the mins were 1/10 of a Q8_0 weight's bytes. Raises ValueError on bad sizes or codes."""
         if codes.dtype != torch.int8 or codes.dim() != 2:
             raise ValueError(f"codes must be a 2-D int8 tensor, got {codes.dtype} {tuple(codes.shape)}")
+        if bits not in BITS:
+            raise ValueError(f"bits must be one of {BITS}, got {bits}")
         n, k = codes.shape
         if k % BLOCK:
             raise ValueError(f"in_features must be a multiple of {BLOCK}, got {k}")
+        blocks = k // scale_block(bits)
         codes = codes.contiguous()
         scale = scale.to(torch.float32).contiguous()
-        min = min.to(torch.float32).contiguous()
-        if tuple(scale.shape) != (n, k // BLOCK) or tuple(min.shape) != (n, k // BLOCK):
-            raise ValueError(f"scale and min must be [{n}, {k // BLOCK}], got {tuple(scale.shape)}, {tuple(min.shape)}")
-        num_bytes, num_scales = _core.quant_linear_sizes(n, k, bits)
-        packed = torch.empty(num_bytes, dtype=torch.uint8)
-        scales = torch.empty(num_scales, dtype=torch.float32)
-        mins = torch.empty(num_scales if bool(min.any()) else 0, dtype=torch.float32)
+        if tuple(scale.shape) != (n, blocks) or (min is not None and tuple(min.shape) != (n, blocks)):
+            shapes = tuple(scale.shape), None if min is None else tuple(min.shape)
+            raise ValueError(f"scale and min must be [{n}, {blocks}], got {shapes}")
+        if min is not None:
+            min = min.to(torch.float32).contiguous()
+            if torch.equal(min, scale * -float(symmetric_offset(bits))):
+                min = None
+        weight = cls.empty(n, k, bits, with_mins=min is not None)
+        weight.pack_rows(0, codes, scale, min)
+        return weight
+
+    @classmethod
+    def empty(cls, out_features: int, in_features: int, bits: int, with_mins: bool) -> QuantWeight:
+        """An unfilled weight for :meth:`pack_rows` (a large tensor packed a few rows at a time)."""
+        if bits not in BITS:
+            raise ValueError(f"bits must be one of {BITS}, got {bits}")
+        if in_features % BLOCK or in_features <= 0 or out_features <= 0:
+            raise ValueError(f"need out_features > 0 and in_features a positive multiple of {BLOCK}")
+        num_bytes, num_scales = _core.quant_linear_sizes(out_features, in_features, bits)
+        return cls(
+            out_features,
+            in_features,
+            bits,
+            torch.empty(num_bytes, dtype=torch.uint8),
+            torch.empty(num_scales, dtype=torch.float32),
+            torch.empty(num_scales if with_mins else 0, dtype=torch.float32),
+        )
+
+    def pack_rows(self, row: int, codes: torch.Tensor, scale: torch.Tensor, min: torch.Tensor | None) -> None:
+        """Pack output rows ``[row, row + len(codes))`` (``row`` a multiple of 32: the layout's
+        tiles are 32 rows and lie one after another) as :meth:`pack` would. ``min`` must be given
+        exactly when this weight has mins. ValueError on bad sizes or codes."""
+        n, k = codes.shape
+        if (
+            codes.dtype != torch.int8
+            or k != self.in_features
+            or row % 32
+            or not 0 <= row < row + n <= self.out_features
+        ):
+            raise ValueError(f"rows [{row}, {row + n}) of width {k} do not fit this weight at a tile boundary")
+        if (min is None) != (self.mins.numel() == 0):
+            raise ValueError("min must be given exactly when the weight keeps mins")
+        blocks = k // scale_block(self.bits)
+        scale = scale.to(torch.float32).contiguous()
+        min = None if min is None else min.to(torch.float32).contiguous()
+        if tuple(scale.shape) != (n, blocks) or (min is not None and tuple(min.shape) != (n, blocks)):
+            raise ValueError(f"scale and min must be [{n}, {blocks}]")
+        codes = codes.contiguous()
+        bytes_before, scales_before = _core.quant_linear_sizes(row, k, self.bits) if row else (0, 0)
         _core.quant_linear_pack(
             codes.data_ptr(),
             scale.data_ptr(),
-            min.data_ptr(),
+            0 if min is None else min.data_ptr(),
             n,
             k,
-            bits,
-            packed.data_ptr(),
-            scales.data_ptr(),
-            mins.data_ptr() if mins.numel() else 0,
+            self.bits,
+            self.codes.data_ptr() + bytes_before,
+            self.scales.data_ptr() + 4 * scales_before,
+            self.mins.data_ptr() + 4 * scales_before if min is not None else 0,
         )
-        return cls(n, k, bits, packed, scales, mins)
+
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """fp32 ``W[rows]`` [*rows.shape, K]: the same values the exact matmul multiplies with. An
+        embedding lookup over a quantized token table. ValueError for a row outside [0, N)."""
+        flat = rows.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty(flat.numel(), self.in_features, dtype=torch.float32)
+        _core.quant_linear_dequantize_rows(
+            self.out_features,
+            self.in_features,
+            self.bits,
+            self.codes.data_ptr(),
+            self.scales.data_ptr(),
+            self.mins.data_ptr() if self.mins.numel() else 0,
+            flat.data_ptr(),
+            flat.numel(),
+            out.data_ptr(),
+            self.in_features,
+            torch.get_num_threads(),
+        )
+        return out.view(*rows.shape, self.in_features)
 
     @property
     def nbytes(self) -> int:
@@ -102,32 +181,58 @@ def quant_linear(
 
 
 class BoundQuantLinear:
-    """:func:`quant_linear` for one weight, bias and activation mode, with the kernel's weight
-    arguments resolved (and the bias checked) once -- for projections that run every step.
+    """:func:`quant_linear` for one weight (or a fused projection's parts: consecutive output rows
+    packed in different formats), bias and activation mode, with the kernel's weight arguments
+    resolved (and the bias checked) once -- for projections that run every step.
 
-    Holds references to ``weight`` and ``bias``, whose storage must not be replaced afterwards (the
-    kernel keeps their addresses). ValueError at construction for a bias that is not [N].
+    Holds references to the weights and ``bias``, whose storage must not be replaced afterwards (the
+    kernel keeps their addresses). ValueError at construction for a bias that is not [N], or parts
+    of different in_features.
     """
 
-    __slots__ = ("weight", "bias", "int8_activations", "_args")
+    __slots__ = ("parts", "bias", "int8_activations", "in_features", "out_features", "_args")
 
-    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None, int8_activations: bool = False) -> None:
-        self.weight = weight
-        self.bias = _checked_bias(bias, weight.out_features)
+    def __init__(
+        self,
+        weight: QuantWeight | Sequence[QuantWeight],
+        bias: torch.Tensor | None = None,
+        int8_activations: bool = False,
+    ) -> None:
+        self.parts = (weight,) if isinstance(weight, QuantWeight) else tuple(weight)
+        if not self.parts or len({p.in_features for p in self.parts}) != 1:
+            raise ValueError("a projection needs one or more parts of the same in_features")
+        self.in_features = self.parts[0].in_features
+        self.out_features = sum(p.out_features for p in self.parts)
+        self.bias = _checked_bias(bias, self.out_features)
         self.int8_activations = int8_activations
-        self._args = _weight_args(weight, self.bias)
+        # (column offset, kernel arguments) per part; each part's bias is its slice of the bias.
+        self._args: list[tuple[int, _WeightArgs]] = []
+        offset = 0
+        for part in self.parts:
+            part_bias = None if self.bias is None else self.bias[offset : offset + part.out_features]
+            self._args.append((offset, _weight_args(part, part_bias)))
+            offset += part.out_features
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N]; [..., K] -> [..., N]
         """Same contract as :func:`quant_linear`. A contiguous fp32 CPU [T, K] input (every step's
-        case) costs one feature-count check; anything else takes the fully checked path."""
+        case) costs one feature-count check; anything else is checked in full first."""
         if x.dim() != 2 or x.dtype != torch.float32 or not x.is_cpu or not x.is_contiguous():
-            return quant_linear(x, self.weight, self.bias, int8_activations=self.int8_activations)
-        in_features = self.weight.in_features
-        if x.shape[1] != in_features:
-            raise ValueError(f"x has {x.shape[1]} features, the weight expects {in_features}")
-        out = torch.empty(x.shape[0], self.weight.out_features, dtype=torch.float32)
-        _run(x, in_features, self._args, out, self.int8_activations)
+            if x.dtype != torch.float32 or x.device.type != "cpu":
+                raise ValueError(f"quant_linear takes fp32 CPU activations, got {x.dtype} on {x.device}")
+            if x.shape[-1] != self.in_features:
+                raise ValueError(f"x has {x.shape[-1]} features, the weight expects {self.in_features}")
+            lead = x.shape[:-1]
+            return self(x.reshape(-1, self.in_features).contiguous()).view(*lead, self.out_features)
+        if x.shape[1] != self.in_features:
+            raise ValueError(f"x has {x.shape[1]} features, the weight expects {self.in_features}")
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        for offset, args in self._args:
+            _run(x, self.in_features, args, out[:, offset:], self.int8_activations)
         return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
 
 
 def _checked_bias(bias: torch.Tensor | None, out_features: int) -> torch.Tensor | None:
@@ -159,7 +264,8 @@ def _weight_args(weight: QuantWeight, bias: torch.Tensor | None) -> _WeightArgs:
 
 
 def _run(x: torch.Tensor, x_stride: int, weight_args: _WeightArgs, out: torch.Tensor, int8_activations: bool) -> None:
-    """The kernel on checked tensors: fp32 CPU x [M, K] (row stride x_stride), out [M, N] contiguous."""
+    """The kernel on checked tensors: fp32 CPU x [M, K] (row stride x_stride), out [M, >= N] with
+    unit column stride (a fused projection's part writes its columns of the whole output)."""
     _core.quant_linear(
         x.data_ptr(),
         x.shape[0],
@@ -173,10 +279,13 @@ def _run(x: torch.Tensor, x_stride: int, weight_args: _WeightArgs, out: torch.Te
 
 
 def dequantize_blocks(codes: torch.Tensor, scale: torch.Tensor, min: torch.Tensor) -> torch.Tensor:
-    """fp32 ``W[N, K]`` from row-major codes and per-block scale/min (what the codes stand for)."""
+    """fp32 ``W[N, K]`` from row-major codes and per-scale-block scale/min (what the codes stand
+    for; the scale block is K / scale.shape[1] weights), rounded once as the kernels do."""
     n, k = codes.shape
-    w = codes.to(torch.float32).view(n, k // BLOCK, BLOCK) * scale.unsqueeze(-1) + min.unsqueeze(-1)
-    return w.view(n, k)
+    size = k // scale.shape[1]
+    c = codes.to(torch.float64).view(n, k // size, size)
+    w = c * scale.double().unsqueeze(-1) + min.double().unsqueeze(-1)  # exact in float64: rounded once below
+    return w.to(torch.float32).view(n, k)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

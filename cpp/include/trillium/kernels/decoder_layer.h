@@ -31,10 +31,10 @@ struct DecoderLayerWeights {
   float rms_eps = 1e-6f;
   const float* input_norm = nullptr;           // [H]
   const float* post_attention_norm = nullptr;  // [H]
-  QuantWeightView qkv;                         // [(Hq + 2 Hkv) * D, H]: q, then k, then v rows
+  QuantWeightParts qkv;                        // [(Hq + 2 Hkv) * D, H]: q, then k, then v rows
   const float* qkv_bias = nullptr;             // [(Hq + 2 Hkv) * D] or null
   QuantWeightView o;                           // [H, Hq * D]
-  QuantWeightView gate_up;                     // [2 I, H]: gate rows, then up rows
+  QuantWeightParts gate_up;                    // [2 I, H]: gate rows, then up rows
   QuantWeightView down;                        // [H, I]
   void* k_cache = nullptr;                     // [num_blocks, block_size, Hkv, D] each
   void* v_cache = nullptr;

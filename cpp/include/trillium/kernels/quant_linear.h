@@ -1,9 +1,19 @@
 // Block-quantized linear layer: out[M, N] = x[M, K] . W[N, K]^T (+ bias), the weight matmuls of a
 // model served from a quantized GGUF file without dequantizing it.
 //
-// Weights. W[n][k] = scale[n][k / 32] * q[n][k] + min[n][k / 32], with integer codes q of `bits`
-// bits (4: q in [0, 15]; 8: q in [-128, 127]) in blocks of 32 along K. This is exactly GGUF's Q4_0
-// (min = -8 * scale), Q4_1 and Q8_0 (min = 0), so those files load without any loss.
+// Weights. W[n][k] = scale[n][s] * q[n][k] + min[n][s], with integer codes q of `bits` bits in
+// blocks of 32 along K, and s the scale block of k: every 32 weights, or every 16 for 6-bit codes.
+// The formats (each GGUF type loads without any loss; its scales are products of the file's fp16
+// and integer scales, exact in fp32):
+//
+//   bits  codes       scale per  no mins (mins == null) means   GGUF types
+//   4     [0, 15]     32         q - 8                          Q4_0 (no mins), Q4_1, Q4_K (mins)
+//   5     [0, 31]     32         q - 16                         Q5_0 (no mins), Q5_1, Q5_K (mins)
+//   6     [0, 63]     16         q - 32                         Q6_K (no mins)
+//   8     [-128, 127] 32         q                              Q8_0 (no mins)
+//
+// Without mins, w = fma(q, scale, -offset * scale) with offset a power of two: -offset * scale is
+// exact, so w is scale * (q - offset) rounded once -- what the dequantized file holds.
 //
 // Activations, two modes:
 //  - exact (int8_activations = false, the default): fp32 activations times the dequantized weights
@@ -16,16 +26,22 @@
 //
 // Packed layout (quant_linear_pack writes it; callers treat it as opaque bytes). Output features
 // go in groups of 8, and groups in tiles of 4 (N padded with zero codes to a multiple of 32). The
-// codes of group g's 8 x 32 weights in block b are one contiguous record:
+// codes of group g's 8 x 32 weights in block b are one contiguous record of 32 * bits bytes:
 //   bits 8: 8 k-quads x [8 columns x 4 consecutive k] int8            (256 bytes)
 //   bits 4: 4 vectors x [8 columns x 4 consecutive k] bytes            (128 bytes), the low nibble
 //           holding k-quad p and the high nibble k-quad p + 4 of the block
-// Records go tile-major: [tile g / 4][block b][g % 4], and scales / mins (8 floats per record)
-// the same way. One 32-byte load thus feeds 8 output columns, which is what the integer
-// dot-product instructions (pmaddubsw / vpdpbusd) want; and a thread computing whole tiles reads
-// its weights as one sequential stream. (Groups outer, blocks inner, made each group a separate
-// stream only K / 32 records long, 4.6 KB at K = 576: too short for the hardware prefetcher, and
-// a decode step ran at half the machine's memory bandwidth.)
+//   bits 5: the 4-bit record of the low 4 bits, then 32 bytes [8 columns x 4 bytes] whose byte i
+//           of column c holds bit 4 of k = 4 p + i in its bit p, p = 0 .. 7   (160 bytes)
+//   bits 6: the 4-bit record of the low 4 bits, then two 32-byte vectors h = 0, 1 [8 columns x 4
+//           bytes] whose byte i of column c holds bits 4-5 of k = 4 p + i in its bits 2 (p - 4 h),
+//           p = 4 h .. 4 h + 3                                               (192 bytes)
+// Records go tile-major: [tile g / 4][block b][g % 4]. Scales (and mins) go the same way, with the
+// scale blocks of a block in between: [tile][block b][scale block s of b][g % 4][8 columns] (one
+// scale block per block except for 6 bits). One 32-byte load thus feeds 8 output columns, which is
+// what the SIMD loops want; and a thread computing whole tiles reads its weights as one sequential
+// stream. (Groups outer, blocks inner, made each group a separate stream only K / 32 records
+// long, 4.6 KB at K = 576: too short for the hardware prefetcher, and a decode step ran at half
+// the machine's memory bandwidth.)
 //
 // Framework-free: raw pointers, sizes and strides (in elements); no Python, no torch.
 #pragma once
@@ -41,24 +57,26 @@ constexpr int64_t kQuantGroupCols = 8;  // output features per packed group
 constexpr int64_t kQuantTileGroups = 4; // groups per tile (see the layout above)
 
 // Packed sizes for an [N, K] weight with `bits` bits per code.
+bool quant_linear_supported_bits(int32_t bits);       // 4, 5, 6 or 8
+int32_t quant_linear_scale_blocks(int32_t bits);       // scale blocks per 32-weight block: 2 for 6 bits, else 1
 int64_t quant_linear_groups(int64_t out_features);  // groups holding real features (the tiles pad past them)
 int64_t quant_linear_packed_bytes(int64_t out_features, int64_t in_features, int32_t bits);
-int64_t quant_linear_scale_count(int64_t out_features, int64_t in_features);  // floats in scales (and in mins)
+int64_t quant_linear_scale_count(int64_t out_features, int64_t in_features, int32_t bits);  // floats in scales (and in mins)
 
 // A packed weight, as quant_linear_pack wrote it. Read-only for the kernels.
 struct QuantWeightView {
   int64_t out_features = 0;  // N
   int64_t in_features = 0;   // K, a multiple of kQuantBlock
-  int32_t bits = 0;          // 4 or 8
+  int32_t bits = 0;          // 4, 5, 6 or 8
   const void* codes = nullptr;   // quant_linear_packed_bytes(N, K, bits) bytes
-  const float* scales = nullptr; // quant_linear_scale_count(N, K) floats
-  const float* mins = nullptr;   // same count, or null when every min is 0 (Q8_0): not read then
+  const float* scales = nullptr; // quant_linear_scale_count(N, K, bits) floats
+  const float* mins = nullptr;   // same count, or null: the format's symmetric codes (see the table)
 };
 
-// Pack row-major codes q[N][K] (int8; 4-bit codes in [0, 15]) and per-block scale[N][K/32],
-// min[N][K/32] into the layout above. Output buffers must have the sizes above; `packed_mins` may
-// be null (the mins are then not packed: pass null as QuantWeightView::mins, meaning all zero).
-// kInvalidArgument for bad sizes, bits other than 4/8, or a 4-bit code outside [0, 15].
+// Pack row-major codes q[N][K] (int8, in the format's range) and per-scale-block scale[N][K/S],
+// min[N][K/S] (S = 32, or 16 for 6 bits) into the layout above. Output buffers must have the sizes
+// above; `min` and `packed_mins` may be null (pass null as QuantWeightView::mins then: the
+// format's symmetric codes). kInvalidArgument for bad sizes, unsupported bits, or a code out of range.
 Status quant_linear_pack(const int8_t* codes, const float* scale, const float* min, int64_t out_features,
                          int64_t in_features, int32_t bits, void* packed_codes, float* packed_scales,
                          float* packed_mins);
@@ -75,10 +93,39 @@ struct QuantLinearArgs {
   bool int8_activations = false;  // see "Activations" above
 };
 
-// out = x . W^T + bias. kInvalidArgument (nothing written) for inconsistent sizes or null pointers.
+// out = x . W^T + bias. kInvalidArgument (nothing written) for inconsistent sizes or null pointers,
+// and for int8 activations with 5- or 6-bit weights (the integer loops take 4 and 8 bits only).
 // Uses AVX2 (AVX-512: the same integer loops with 32 registers, and 512-bit fp32 tiles for the
 // exact path) when the active kernel ISA (kernel_isa(), trillium/cpu_isa.h) is AVX2 or better,
 // else a portable scalar path with the same arithmetic.
 Status quant_linear(const QuantLinearArgs& args);
+
+// A weight whose output rows are stored as consecutive packed parts, each in its own format: a
+// fused projection (q, k and v; gate and up) of a file that stores its pieces in different types
+// (a Q4_K_M file keeps v in Q6_K beside q and k in Q4_K). Parts share in_features.
+constexpr int kMaxQuantParts = 3;
+struct QuantWeightParts {
+  QuantWeightView part[kMaxQuantParts];
+  int32_t count = 1;
+
+  int64_t out_features() const {
+    int64_t n = 0;
+    for (int32_t i = 0; i < count; ++i) n += part[i].out_features;
+    return n;
+  }
+  int64_t in_features() const { return part[0].in_features; }
+};
+
+// quant_linear over the parts in turn, each writing its columns of out (and reading its slice of
+// the bias): args.weight is ignored. kInvalidArgument for a count outside [1, kMaxQuantParts],
+// parts of different in_features, out_stride below the total, or a part's own error.
+Status quant_linear_parts(const QuantLinearArgs& args, const QuantWeightParts& weight);
+
+// Dequantize whole rows of W (output features): out[i][0 .. K) = W[rows[i]][0 .. K), the same fp32
+// values the exact path multiplies with. An embedding lookup over a quantized token table: the
+// table is a weight [vocab, hidden]. kInvalidArgument for a row outside [0, N) (nothing written
+// past the rows before it) or bad sizes.
+Status quant_linear_dequantize_rows(const QuantWeightView& weight, const int64_t* rows, int64_t num_rows,
+                                    float* out, int64_t out_stride, int num_threads = 0);
 
 }  // namespace trillium
