@@ -97,14 +97,21 @@ def setup_llama_cpp() -> None:
     run(["cmake", "--build", os.path.join(src, "build"), "--target", "llama-server", f"-j{THREADS}"])
 
 
-def llama_cpp_command(port: int, slots: int) -> list[str]:
+def served_name(path: str) -> str:
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from trillium.models.config import served_name as name
+
+    return name(os.path.basename(path))
+
+
+def llama_cpp_command(port: int, slots: int, model: str) -> list[str]:
     # Continuous batching with one slot per concurrent stream; each slot gets the full context
     # (--ctx-size is shared by the slots); all cores.
     ctx = 2048 * slots
     return [
         LLAMA_SERVER,
         "-m",
-        default_gguf(),
+        model,
         "--host",
         "127.0.0.1",
         "--port",
@@ -121,7 +128,7 @@ def llama_cpp_command(port: int, slots: int) -> list[str]:
         "--batch-size",
         "2048",
         "--alias",
-        "SmolLM2-135M-Instruct",
+        served_name(model),
     ]
 
 
@@ -155,7 +162,9 @@ def export_hf() -> None:
     shutil.copytree(built, HF_EXPORT, dirs_exist_ok=True)
 
 
-def vllm_command(port: int, slots: int) -> list[str]:
+def vllm_command(port: int, slots: int, model: str) -> list[str]:
+    if model != default_gguf():
+        raise SystemExit("the vLLM peer serves the exported default model only (omit --model)")
     return [
         os.path.join(VLLM_VENV, "bin", "python"),
         "-m",
@@ -178,10 +187,12 @@ def vllm_command(port: int, slots: int) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ trillium
-def trillium_command(port: int, slots: int) -> list[str]:
+def trillium_command(port: int, slots: int, model: str) -> list[str]:
     return [
         os.path.join(ROOT, ".venv", "bin", "trillium"),
         "serve",
+        "--model",
+        model,
         "--port",
         str(port),
         "--max-running",
@@ -235,6 +246,36 @@ def check_engine(base_url: str, engine: str) -> str:
     return str(models[0]["id"])
 
 
+def rss_mib(pid: int, field: str = "VmRSS") -> float | None:
+    """The server's resident memory (``VmRSS``, or its peak ``VmHWM``) in MiB, from /proc; file
+    pages it maps count, as ``top`` shows them (llama.cpp maps its GGUF). None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def kv_pool_mib(engine: str, model: str, slots: int) -> float | None:
+    """The KV pool each engine allocates at start-up with the flags used here, from the model's
+    dimensions: trillium's --kv-cache-gib; llama.cpp's --ctx-size tokens in f16. Subtracted from
+    the resident memory, what is left is the weights and the runtime."""
+    if engine == "trillium":
+        return 2 * 1024.0
+    if engine != "llama.cpp":
+        return None
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from trillium.models.gguf_file import GGUFFile
+    from trillium.models.gguf_loader import read_config
+
+    cfg = read_config(GGUFFile(model))
+    per_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2  # K and V, f16
+    return 2048 * slots * per_token / 2**20
+
+
 def compare(args) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     slots = max(args.concurrency)
@@ -242,7 +283,7 @@ def compare(args) -> None:
     for engine in args.engines:
         port = args.port
         check_port_free(port)
-        cmd = ENGINES[engine](port, slots)
+        cmd = ENGINES[engine](port, slots, args.model)
         log = open(os.path.join(PEERS if os.path.isdir(PEERS) else "/tmp", f"{engine}.log"), "w")  # noqa: SIM115  # the engine's log while it runs
         env = {**os.environ, **ENV.get(engine, {})}
         print(f"== {engine}: {' '.join(cmd)}", file=sys.stderr, flush=True)
@@ -252,9 +293,11 @@ def compare(args) -> None:
             wait_healthy(base_url, proc)
             model = check_engine(base_url, engine)
             print(f"== {engine} answers on {base_url} with {model}", file=sys.stderr, flush=True)
+            idle_rss = rss_mib(proc.pid)
             result_file = args.out.replace(".json", f".{engine}.json")
             if args.client == "vllm":
                 results[engine] = vllm_client(args, base_url, model, engine, result_file)
+                results[engine]["memory"] = {"rss_idle_mib": idle_rss, "rss_peak_mib": rss_mib(proc.pid, "VmHWM")}
                 continue
             bench = [
                 PY,
@@ -277,6 +320,8 @@ def compare(args) -> None:
             run(bench)
             with open(result_file) as f:
                 results[engine] = json.load(f)
+            results[engine]["memory"] = {"rss_idle_mib": idle_rss, "rss_peak_mib": rss_mib(proc.pid, "VmHWM")}
+            results[engine]["memory"]["kv_pool_mib"] = kv_pool_mib(engine, args.model, slots)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -359,6 +404,7 @@ def table(results: dict) -> str:
     head += "".join(f" | trillium / {p} tok/s" for p in peers)
     lines = [head + " |", "|" + "---|" * head.count("|")]
     rows_by = {e: {r["concurrency"]: r for r in results[e]["rows"]} for e in engines}
+    memory = {e: results[e].get("memory") or {} for e in engines}
     for c in sorted(rows_by[engines[0]]):
         cells = []
         for e in engines:
@@ -369,6 +415,13 @@ def table(results: dict) -> str:
             ok = a and b and b["output_throughput"]
             cells.append(f"{a['output_throughput'] / b['output_throughput']:.2f}x" if ok else "-")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    for e in engines:
+        idle, peak, kv = (memory[e].get(k) for k in ("rss_idle_mib", "rss_peak_mib", "kv_pool_mib"))
+        if idle is not None:
+            line = f"\n{e}: resident {idle:.0f} MiB after start-up, peak {peak:.0f} MiB"
+            if kv is not None:
+                line += f"; KV pool {kv:.0f} MiB, so {idle - kv:.0f} MiB of weights and runtime"
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -383,6 +436,9 @@ def main() -> None:
     c.add_argument("--num-requests", type=int, default=64)
     c.add_argument("--max-tokens", type=int, default=64)
     c.add_argument("--port", type=int, default=8200)
+    c.add_argument(
+        "--model", default=None, help="GGUF file both trillium and llama.cpp serve (default: the embedded one)"
+    )
     c.add_argument(
         "--client",
         choices=["trillium", "vllm"],
@@ -401,6 +457,7 @@ def main() -> None:
     if args.command == "setup":
         setup_llama_cpp() if args.engine == "llama.cpp" else setup_vllm()
     else:
+        args.model = os.path.abspath(args.model) if args.model else default_gguf()
         compare(args)
 
 

@@ -47,11 +47,12 @@ QuantWeightParts to_parts(const std::vector<WeightTuple>& parts) {
 class DecoderStack {
  public:
   void add_layer(int64_t hidden, int64_t intermediate, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-                 float rms_eps, std::uintptr_t input_norm, std::uintptr_t post_attention_norm, const std::vector<WeightTuple>& qkv,
+                 float rms_eps, std::uintptr_t input_norm, std::uintptr_t post_attention_norm, std::uintptr_t q_norm,
+                 std::uintptr_t k_norm, const std::vector<WeightTuple>& qkv,
                  std::uintptr_t qkv_bias, const WeightTuple& o, const std::vector<WeightTuple>& gate_up,
                  const WeightTuple& down,
                  std::uintptr_t k_cache, std::uintptr_t v_cache, int32_t kv_dtype, int32_t num_blocks,
-                 int32_t block_size) {
+                 int32_t block_size, int32_t window) {
     DecoderLayerWeights w;
     w.hidden = hidden;
     w.intermediate = intermediate;
@@ -61,6 +62,8 @@ class DecoderStack {
     w.rms_eps = rms_eps;
     w.input_norm = from_address<const float>(input_norm);
     w.post_attention_norm = from_address<const float>(post_attention_norm);
+    w.q_norm = from_address<const float>(q_norm);
+    w.k_norm = from_address<const float>(k_norm);
     w.qkv = to_parts(qkv);
     w.qkv_bias = from_address<const float>(qkv_bias);
     w.o = to_view(o);
@@ -71,6 +74,7 @@ class DecoderStack {
     w.kv_dtype = to_dtype(kv_dtype);
     w.num_blocks = num_blocks;
     w.block_size = block_size;
+    w.window = window;
     layers_.push_back(w);
   }
 
@@ -104,9 +108,9 @@ void bind_decoder_layer(py::module_& m) {
       .def(py::init<>())
       .def("add_layer", &DecoderStack::add_layer, py::arg("hidden"), py::arg("intermediate"), py::arg("num_q_heads"),
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("rms_eps"), py::arg("input_norm"),
-           py::arg("post_attention_norm"), py::arg("qkv"), py::arg("qkv_bias"), py::arg("o"), py::arg("gate_up"),
+           py::arg("post_attention_norm"), py::arg("q_norm"), py::arg("k_norm"), py::arg("qkv"), py::arg("qkv_bias"), py::arg("o"), py::arg("gate_up"),
            py::arg("down"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_dtype"), py::arg("num_blocks"),
-           py::arg("block_size"), "Append a layer (addresses; weights as (N, K, bits, codes, scales, mins)).")
+           py::arg("block_size"), py::arg("window") = 0, "Append a layer (addresses; weights as (N, K, bits, codes, scales, mins)).")
       .def_property_readonly("num_layers", &DecoderStack::num_layers)
       .def(
           "forward",

@@ -61,6 +61,21 @@ Status norm(const DecoderLayerWeights& w, const DecoderStepArgs& s, const float*
 // qkv [T, qkv_width]: rotate q and k in place, store k and v, attend with q into attn [T, q_width].
 Status attention(const DecoderLayerWeights& w, const DecoderStepArgs& s, float* qkv, float* attn) {
   const int64_t width = qkv_width(w);
+  if (w.q_norm && w.k_norm) {
+    // Per-head norms, in place: a token's q heads (then its k heads) are rows of D floats.
+    for (int64_t t = 0; t < s.num_tokens; ++t) {
+      for (int which = 0; which < 2; ++which) {
+        RmsNormArgs n;
+        n.x = n.out = qkv + t * width + (which == 0 ? 0 : q_width(w));
+        n.x_stride = n.out_stride = w.head_dim;
+        n.weight = which == 0 ? w.q_norm : w.k_norm;
+        n.rows = which == 0 ? w.num_q_heads : w.num_kv_heads;
+        n.hidden = w.head_dim;
+        n.eps = w.rms_eps;
+        TRILLIUM_RETURN_IF_ERROR(rms_norm(n));
+      }
+    }
+  }
   RotaryArgs r;
   r.x = qkv;  // q heads then k heads are adjacent: one pass rotates both
   r.stride_token = width;
@@ -116,6 +131,7 @@ Status attention(const DecoderLayerWeights& w, const DecoderStepArgs& s, float* 
   a.block_tables = s.block_tables;
   a.block_table_stride = s.block_table_stride;
   a.scale = s.attn_scale;
+  a.window = w.window;
   a.num_threads = s.num_threads;
   return s.decode ? paged_attention_decode(a) : paged_attention_extend(a);
 }

@@ -76,6 +76,7 @@ Status validate(const PagedAttentionArgs& a, bool decode) {
   if (a.block_size <= 0 || a.num_blocks < 0 || a.num_requests < 0 || a.num_tokens < 0) {
     return bad("block_size must be > 0 and num_blocks, num_requests, num_tokens >= 0");
   }
+  if (a.window < 0) return bad("window must be >= 0 (0: none), got " + std::to_string(a.window));
   if (decode && a.num_tokens != a.num_requests) {
     return bad("decode needs one token per request, got " + std::to_string(a.num_tokens) + " tokens for " +
                std::to_string(a.num_requests) + " requests");
@@ -205,23 +206,30 @@ struct DecodePlan {
   std::vector<DecodeGroup> groups;
   std::vector<int32_t> first_token;  // per group: index of its token 0 among all tokens
   std::vector<int64_t> split_len;    // per group
+  std::vector<int32_t> key_lo;       // per group: its lowest visible key (a window's start, else 0)
   int32_t num_tokens = 0;
 };
 
-DecodePlan plan_groups(const std::vector<DecodeGroup>& todo, int32_t block_size) {
+// With a sliding window every token is its own group, its keys [ctx - window, ctx) (from 0 when
+// shorter), split as a context of that many keys: again a function of the row's own position only.
+DecodePlan plan_groups(const std::vector<DecodeGroup>& todo, int32_t block_size, int32_t window) {
   DecodePlan plan;
+  const auto lo_of = [window](int32_t ctx) { return window > 0 && ctx > window ? ctx - window : 0; };
   for (const DecodeGroup& g : todo) {
     const int64_t len = split_len_for(g.ctx, block_size);
-    if (g.num_tokens > 1 && split_len_for(g.ctx + g.num_tokens - 1, block_size) != len) {
+    if (g.num_tokens > 1 && (window > 0 || split_len_for(g.ctx + g.num_tokens - 1, block_size) != len)) {
       for (int32_t t = 0; t < g.num_tokens; ++t) {
-        plan.groups.push_back({g.token + t, g.request, g.ctx + t, 1});
-        plan.split_len.push_back(split_len_for(g.ctx + t, block_size));
+        const int32_t ctx = g.ctx + t;
+        plan.groups.push_back({g.token + t, g.request, ctx, 1});
+        plan.split_len.push_back(split_len_for(ctx - lo_of(ctx), block_size));
+        plan.key_lo.push_back(lo_of(ctx));
         plan.first_token.push_back(plan.num_tokens++);
       }
       continue;
     }
     plan.groups.push_back(g);
-    plan.split_len.push_back(len);
+    plan.split_len.push_back(g.num_tokens == 1 ? split_len_for(g.ctx - lo_of(g.ctx), block_size) : len);
+    plan.key_lo.push_back(g.num_tokens == 1 ? lo_of(g.ctx) : 0);
     plan.first_token.push_back(plan.num_tokens);
     plan.num_tokens += g.num_tokens;
   }
@@ -237,13 +245,14 @@ void run_decode_groups(const PagedAttentionArgs& a, const std::vector<DecodeGrou
   const int32_t HG = H * G;  // query rows of one token
   const int threads = thread_count(a);
   const kernels::DecodeFn decode = isa_kernels(kernel_isa()).decode[a.kv_dtype == DType::kBF16];
-  const DecodePlan plan = plan_groups(todo, a.block_size);
+  const DecodePlan plan = plan_groups(todo, a.block_size, a.window);
   const auto num_groups = static_cast<int32_t>(plan.groups.size());
 
   int64_t range_items = 0;
   for (int32_t gi = 0; gi < num_groups; ++gi) {
     const DecodeGroup& g = plan.groups[static_cast<size_t>(gi)];
-    range_items += (g.ctx + g.num_tokens - 1 + plan.split_len[static_cast<size_t>(gi)] - 1) /
+    range_items += (g.ctx + g.num_tokens - 1 - plan.key_lo[static_cast<size_t>(gi)] +
+                    plan.split_len[static_cast<size_t>(gi)] - 1) /
                    plan.split_len[static_cast<size_t>(gi)];
   }
   // Runs per group: enough items for ~2 per thread (each run reads the keys again).
@@ -260,9 +269,10 @@ void run_decode_groups(const PagedAttentionArgs& a, const std::vector<DecodeGrou
   for (int32_t gi = 0; gi < num_groups; ++gi) {
     const DecodeGroup& g = plan.groups[static_cast<size_t>(gi)];
     const int64_t L = plan.split_len[static_cast<size_t>(gi)];
+    const int32_t lo = plan.key_lo[static_cast<size_t>(gi)];  // 0 for a group of several tokens
     for (int32_t t = 0; t < g.num_tokens; ++t) {
       const size_t tok = static_cast<size_t>(plan.first_token[static_cast<size_t>(gi)] + t);
-      num_splits[tok] = static_cast<int32_t>((g.ctx + t + L - 1) / L);
+      num_splits[tok] = static_cast<int32_t>((g.ctx + t - lo + L - 1) / L);
       if (num_splits[tok] > 1) {
         first_partial[tok] = num_partials;
         num_partials += num_splits[tok];
@@ -272,8 +282,8 @@ void run_decode_groups(const PagedAttentionArgs& a, const std::vector<DecodeGrou
     const int32_t run_len = (g.num_tokens + runs - 1) / runs;
     max_run = std::max(max_run, run_len);
     const int32_t last_ctx = g.ctx + g.num_tokens - 1;
-    for (int32_t s = 0; static_cast<int64_t>(s) * L < last_ctx; ++s) {
-      const auto key_begin = static_cast<int32_t>(s * L);
+    for (int32_t s = 0; lo + static_cast<int64_t>(s) * L < last_ctx; ++s) {
+      const auto key_begin = static_cast<int32_t>(lo + s * L);
       for (int32_t t0 = 0; t0 < g.num_tokens; t0 += run_len) {
         // Tokens of the run that see a key of this range: ctx + t > key_begin.
         const int32_t t_begin = std::max(t0, key_begin - g.ctx + 1);
@@ -463,6 +473,7 @@ Status paged_attention_extend(const PagedAttentionArgs& a) {
     w.group = G;
     w.num_queries = it.num_queries;
     w.first_pos = ctx - qlen + it.first_query;
+    w.window = a.window;
     w.q = q;
     w.acc = acc;
     w.m = m;

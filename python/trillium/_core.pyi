@@ -136,6 +136,7 @@ def paged_attention(
     scale: float,
     num_threads: int,
     decode: bool,
+    window: int = 0,
 ) -> None:
     """Paged attention over one layer's pool; releases the GIL. ValueError (nothing written) on bad
     sizes, lengths or block ids. decode=True needs one token per request."""
@@ -181,6 +182,8 @@ class DecoderStack:
         rms_eps: float,
         input_norm: int,
         post_attention_norm: int,
+        q_norm: int,
+        k_norm: int,
         qkv: list[tuple[int, int, int, int, int, int]],  # 1-3 parts (consecutive rows, own formats)
         qkv_bias: int,
         o: tuple[int, int, int, int, int, int],
@@ -191,6 +194,7 @@ class DecoderStack:
         kv_dtype: int,
         num_blocks: int,
         block_size: int,
+        window: int = 0,
     ) -> None: ...
     def forward(
         self,

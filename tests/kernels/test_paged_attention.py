@@ -91,12 +91,13 @@ class Case:
     num_kv_heads: int
     group: int
     strided_query: bool  # query as a view of a fused [T, Hq + 2 Hkv, D] projection
+    window: int = 0  # sliding-window attention (0: none)
 
     def describe(self) -> str:
         lens = [c + n for c, n in self.spec]
         return (
             f"R={len(self.spec)} ctx=[{min(lens)}..{max(lens)}] qlen_max={max(n for _, n in self.spec)} "
-            f"bs={self.block_size} D={self.head_dim} Hkv={self.num_kv_heads} G={self.group}"
+            f"bs={self.block_size} D={self.head_dim} Hkv={self.num_kv_heads} G={self.group} window={self.window}"
         )
 
 
@@ -173,9 +174,11 @@ def _check(case: Case, dtype: torch.dtype, device: str, seed: int) -> None:
     meta, k_cache, v_cache, query = _build(case, dtype, device, rng, gen)
     scale = case.head_dim**-0.5
     out = torch.full(query.shape, float("nan"), dtype=dtype, device=device)
-    result = attention.paged_attention(query, k_cache, v_cache, meta, scale, out=out)
+    result = attention.paged_attention(query, k_cache, v_cache, meta, scale, out=out, window=case.window)
     assert result.data_ptr() == out.data_ptr()
-    expected = attention_ref.paged_attention(query.float(), k_cache.float(), v_cache.float(), meta, scale)
+    expected = attention_ref.paged_attention(
+        query.float(), k_cache.float(), v_cache.float(), meta, scale, window=case.window
+    )
     context = f"seed {seed}: {case.describe()} {dtype}"
     assert bool(torch.isfinite(out).all()), f"unwritten or NaN output elements ({context})"
     err = ((out.float() - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
@@ -238,6 +241,20 @@ def test_results_do_not_depend_on_thread_count(threads) -> None:
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0]), f"seed {seed}"
 
 
+@pytest.mark.parametrize("kind", ["decode", "extend"])
+@pytest.mark.parametrize("draw", range(6))
+def test_sliding_window_matches_reference(kind, draw, threads) -> None:
+    """Sliding-window attention (Mistral, Gemma's local layers): each token sees the last
+    ``window`` positions only, in decode rows, verify-sized runs and long prefill tiles; windows
+    shorter and longer than the contexts, inside and across blocks and 64-key chunks."""
+    seed = _seed()
+    rng = random.Random(seed)
+    threads(rng.choice([1, 2, 3]))
+    case = sample_decode(rng) if kind == "decode" else sample_extend(rng)
+    case.window = rng.choice([1, 2, 15, 16, 17, 63, 64, 65, _log_uniform(rng, 1, 3000)])
+    _check(case, torch.float32, "cpu", rng.randrange(2**32))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("trial", range(4))
 def test_a_token_gets_the_same_bits_in_every_kind_of_step(dtype, trial, threads) -> None:
@@ -250,16 +267,21 @@ def test_a_token_gets_the_same_bits_in_every_kind_of_step(dtype, trial, threads)
     # 250 and 4090: the tokens' contexts straddle a split boundary (256 keys) or a change of split
     # length (4096), so the tokens of one verify step have different key ranges.
     cached, qlen = rng.choice([3, 40, 250, 300, 1500, 4090]), rng.randint(2, 32)
+    window = rng.choice([0, 0, rng.randint(1, 600)])  # sliding windows too
     case = Case([(cached, qlen), (0, 100), (rng.randint(1, 900), 1)], 16, 64, 3, 3, strided_query=True)
     meta, k_cache, v_cache, query = _build(case, dtype, "cpu", rng, torch.Generator().manual_seed(seed))
-    extended = attention.paged_attention(query, k_cache, v_cache, meta, 0.125)
+    extended = attention.paged_attention(query, k_cache, v_cache, meta, 0.125, window=window)
     table = meta.block_tables[0].tolist()
     for i in range(qlen):
         # Token i alone as a decode step (its context: the cached prefix and tokens 0..i), in a
         # batch with another row.
         one = attention.AttentionMetadata.build([1, 1], [cached + i + 1, 1], [table, table], 16)
-        decoded = attention.paged_attention(query[i : i + 1].repeat(2, 1, 1), k_cache, v_cache, one, 0.125)
-        assert torch.equal(decoded[0], extended[i]), f"seed {seed}: token {i} of {qlen} after {cached}"
+        decoded = attention.paged_attention(
+            query[i : i + 1].repeat(2, 1, 1), k_cache, v_cache, one, 0.125, window=window
+        )
+        assert torch.equal(decoded[0], extended[i]), (
+            f"seed {seed}: token {i} of {qlen} after {cached} (window {window})"
+        )
 
 
 # ------------------------------------------------------------------------------------- store_kv

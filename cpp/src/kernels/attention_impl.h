@@ -192,7 +192,9 @@ void extend_impl(const ExtendWork& w) {
     for (int32_t j = 0; j < D; ++j) w.acc[r * D + j] = 0.0f;
   }
   const int32_t key_end = w.first_pos + w.num_queries;
-  for (int32_t pos = 0; pos < key_end; pos += kChunk) {
+  // With a window, keys below the first query's window are seen by no row.
+  const int32_t key_begin = w.window > 0 && w.first_pos - w.window + 1 > 0 ? w.first_pos - w.window + 1 : 0;
+  for (int32_t pos = key_begin; pos < key_end; pos += kChunk) {
     const int32_t n = key_end - pos < kChunk ? key_end - pos : kChunk;
     // Gather the chunk (it may span blocks): K transposed 16 keys x 16 dims at a time (keys past
     // the chunk as zeros), V as rows.
@@ -210,10 +212,16 @@ void extend_impl(const ExtendWork& w) {
       const T* vr = token_row<T>(kv, kv.v, pos + t);
       for (int32_t j = 0; j < P; ++j) vstore(vb + t * D + 16 * j, vload(vr + 16 * j));
     }
-    // Rows whose query sees at least one key of this chunk: position first_pos + i >= pos.
+    // Rows whose query sees at least one key of this chunk: position first_pos + i >= pos, and with
+    // a window, its lowest key first_pos + i - window + 1 < pos + n.
     const int32_t first_query = pos > w.first_pos ? pos - w.first_pos : 0;
-    for (int32_t r0 = first_query * G; r0 < rows; r0 += kRowBlock) {
-      const int32_t nr = rows - r0 < kRowBlock ? rows - r0 : kRowBlock;
+    int32_t row_end = rows;
+    if (w.window > 0) {
+      const int32_t q_end = pos + n + w.window - 1 - w.first_pos;
+      row_end = q_end < w.num_queries ? q_end * G : rows;
+    }
+    for (int32_t r0 = first_query * G; r0 < row_end; r0 += kRowBlock) {
+      const int32_t nr = row_end - r0 < kRowBlock ? row_end - r0 : kRowBlock;
       const float* qr[kRowBlock];
       for (int32_t r = 0; r < kRowBlock; ++r) qr[r] = w.q + (r0 + (r < nr ? r : nr - 1)) * D;
 
@@ -235,6 +243,13 @@ void extend_impl(const ExtendWork& w) {
         const int32_t valid = visible < n ? visible : n;
         F16 sm[kChunkPacks];
         for (int32_t c = 0; c < kChunkPacks; ++c) sm[c] = vmask_tail(s[r][c], valid - 16 * c);
+        const int32_t below = w.window > 0 ? w.first_pos + row / G - w.window + 1 - pos : 0;
+        if (below > 0) {  // keys of the chunk under this row's window: probability 0
+          alignas(64) float tmp[kChunk];
+          for (int32_t c = 0; c < kChunkPacks; ++c) vstore(tmp + 16 * c, sm[c]);
+          for (int32_t t = 0; t < below; ++t) tmp[t] = -INFINITY;
+          for (int32_t c = 0; c < kChunkPacks; ++c) sm[c] = vload(tmp + 16 * c);
+        }
         // Same lazy update as online_update, over the chunk's packs.
         float* acc_row = w.acc + row * D;
         float* lsum_row = lsum + row * 16;

@@ -48,12 +48,14 @@ struct DecodeWork {
 };
 
 // Extend: num_queries consecutive new tokens x G heads = num_queries * G rows (row = i * G + g);
-// query i sits at position first_pos + i and sees keys [0, first_pos + i].
+// query i sits at position first_pos + i and sees keys [0, first_pos + i] -- with a window W > 0,
+// keys (first_pos + i - W, first_pos + i] (masked keys get probability 0, as in decode).
 struct ExtendWork {
   KVView kv;
   int32_t group = 0;        // G
   int32_t num_queries = 0;  // >= 1
   int32_t first_pos = 0;
+  int32_t window = 0;        // 0: none
   const float* q = nullptr;  // [num_queries * G, head_dim], pre-scaled
   float* acc = nullptr;      // [rows, head_dim] out, unnormalized
   float* m = nullptr;        // [rows] out

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Architectures the Llama-family module implements; loaders map file-specific names onto these.
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 # File-name suffixes that name a quantization or dtype, not the model (llama.cpp conventions).
 _QUANT_SUFFIX = re.compile(
@@ -38,9 +38,20 @@ class ModelConfig:
     max_position_embeddings: int = 4096  # the context length
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool = False  # an RMSNorm over each q and k head before RoPE (Qwen3)
+    # Sliding-window attention (Mistral): a token sees the last `sliding_window` positions in the
+    # layers listed in `sliding_layers` (None: every layer); 0: full attention everywhere.
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] | None = None
     # Llama-3 style rope scaling as in HF config.json ({"rope_type": "llama3", "factor": ...}), or
     # None. "linear" and "llama3" are implemented; anything else is rejected by validate().
     rope_scaling: dict[str, Any] | None = field(default=None)
+
+    def window_of(self, layer: int) -> int:
+        """The sliding window of ``layer`` (0: full attention)."""
+        if self.sliding_window <= 0 or (self.sliding_layers is not None and layer not in self.sliding_layers):
+            return 0
+        return self.sliding_window
 
     def validate(self) -> None:
         """Raise ValueError naming the first unsupported or inconsistent field."""

@@ -26,7 +26,7 @@ from trillium.models.layers import rope_inv_freq
 from trillium.models.llama import LlamaForCausalLM
 
 # GGUF architecture -> (our architecture, whether Q/K rows are permuted in the file)
-_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False)}
+_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -40,6 +40,8 @@ _LAYER_NAMES = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -93,6 +95,8 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
         max_position_embeddings=int(get("context_length")),
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        sliding_window=int(md.get(f"{arch}.attention.sliding_window") or 0),
         rope_scaling=rope_scaling,
     )
 

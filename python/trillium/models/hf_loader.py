@@ -20,8 +20,14 @@ _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 
 def read_config(path: str) -> ModelConfig:
@@ -41,10 +47,11 @@ def read_config(path: str) -> ModelConfig:
         rope_scaling = None
     max_positions = cfg.get("max_position_embeddings", 4096)
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", hf_arch == "MistralForCausalLM") else None
-    if window and window < max_positions:
-        # Sliding-window attention is not implemented; within the window it equals full attention,
-        # so cap the context there rather than silently diverge beyond it.
-        max_positions = window
+    sliding_layers = None
+    if window and cfg.get("layer_types"):  # transformers >= 5 lists each layer's attention
+        sliding_layers = tuple(i for i, t in enumerate(cfg["layer_types"]) if t == "sliding_attention")
+    elif window and arch == "qwen2":  # Qwen2 slides from layer max_window_layers on
+        sliding_layers = tuple(range(int(cfg.get("max_window_layers", 0)), cfg["num_hidden_layers"]))
     return ModelConfig(
         architecture=arch,
         name=served_name(os.path.abspath(path)),
@@ -61,6 +68,9 @@ def read_config(path: str) -> ModelConfig:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         # Qwen2 always has q/k/v bias; Llama exposes it as `attention_bias`.
         attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+        qk_norm=arch == "qwen3",
+        sliding_window=int(window or 0) if window and window < max_positions else 0,
+        sliding_layers=sliding_layers,
         rope_scaling=rope_scaling,
     )
 

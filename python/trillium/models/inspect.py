@@ -15,7 +15,10 @@ import os
 import struct
 from dataclasses import dataclass, field
 
+from gguf.constants import GGMLQuantizationType as QT
+
 from trillium.models.config import ModelConfig
+from trillium.models.gguf_quant import BITS, SYMMETRIC
 
 
 @dataclass
@@ -35,9 +38,10 @@ class ModelReport:
     problem: str | None  # why it cannot be served, or None
     num_params: int
     quant_mix: dict[str, QuantGroup] = field(default_factory=dict)  # type name -> totals (GGUF)
-    quantizable_bytes: int = 0  # bytes of the projections and output head in the file (GGUF)
-    quantizable_params: int = 0
-    tied_head_bytes: int = 0  # a head tied to the embeddings: its block-quantized copy
+    # GGUF: the tensors the quantized path keeps quantized (projections, head, token table, where
+    # of a kernel type), their parameters and their packed (resident) bytes.
+    packed_params: int = 0
+    packed_bytes: int = 0
 
     @property
     def supported(self) -> bool:
@@ -48,9 +52,9 @@ class ModelReport:
         return self.num_params * bytes_per_param
 
     def quantized_bytes(self) -> int:
-        """Resident weights with the projections and head kept block-quantized (as in the file)
-        and everything else fp32 (the quantized kernel's activations)."""
-        return self.quantizable_bytes + self.tied_head_bytes + 4 * (self.num_params - self.quantizable_params)
+        """Resident weights with the projections, head and token table kept block-quantized (the
+        kernel's packed layout) and everything else fp32 (the quantized kernel's activations)."""
+        return self.packed_bytes + 4 * (self.num_params - self.packed_params)
 
     def kv_bytes_per_token(self, bytes_per_value: int) -> int:
         c = self.config
@@ -69,6 +73,14 @@ def inspect_model(path: str) -> ModelReport:
     raise ValueError(f"{path!r} is neither a .gguf file nor a Hugging Face model directory")
 
 
+def _packed_bytes(n: int, k: int, qtype: QT) -> int:
+    """Resident bytes of an [n, k] tensor packed for the quantized kernel (codes, scales, mins)."""
+    from trillium import _core
+
+    codes, scales = _core.quant_linear_sizes(n, k, BITS[qtype])
+    return codes + 4 * scales * (1 if qtype in SYMMETRIC else 2)
+
+
 def _inspect_gguf(path: str) -> ModelReport:
     from gguf.constants import GGMLQuantizationType
 
@@ -84,7 +96,7 @@ def _inspect_gguf(path: str) -> ModelReport:
     except ValueError as exc:
         config, problem = None, str(exc)
     mix: dict[str, QuantGroup] = {}
-    num_params = quant_bytes = quant_params = 0
+    num_params = packed_params = packed_bytes = 0
     for tensor in gguf.tensors:
         params = math.prod(tensor.dims)
         try:
@@ -97,12 +109,10 @@ def _inspect_gguf(path: str) -> ModelReport:
         group.bytes += tensor.nbytes
         num_params += params
         kind = tensor.name.split(".")[-2] if tensor.name.count(".") >= 2 else ""
-        if kind in _PROJECTIONS or tensor.name == "output.weight":
-            quant_bytes += tensor.nbytes
-            quant_params += params
-    tied = 0
-    if not any(t.name == "output.weight" for t in gguf.tensors):  # the head is the embedding table
-        tied = next((t.nbytes for t in gguf.tensors if t.name == "token_embd.weight"), 0)
+        kept = kind in _PROJECTIONS or tensor.name in ("output.weight", "token_embd.weight")
+        if kept and tensor.qtype in BITS and len(tensor.dims) == 2:
+            packed_params += params
+            packed_bytes += _packed_bytes(*tensor.dims, QT(tensor.qtype))
     return ModelReport(
         path=path,
         format="gguf",
@@ -112,9 +122,8 @@ def _inspect_gguf(path: str) -> ModelReport:
         problem=problem,
         num_params=num_params,
         quant_mix=dict(sorted(mix.items(), key=lambda kv: -kv[1].bytes)),
-        quantizable_bytes=quant_bytes,
-        quantizable_params=quant_params,
-        tied_head_bytes=tied,
+        packed_params=packed_params,
+        packed_bytes=packed_bytes,
     )
 
 

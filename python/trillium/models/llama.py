@@ -58,8 +58,9 @@ class QuantLinear(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, window: int = 0) -> None:
         super().__init__()
+        self.window = window  # > 0: sliding-window attention in this layer
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -70,6 +71,9 @@ class LlamaAttention(nn.Module):
             config.hidden_size, self.q_size + 2 * self.kv_size, config.attention_bias, dtype
         )
         self.o_proj: nn.Module = _linear(self.q_size, config.hidden_size, False, dtype)
+        # Qwen3: each q and k head is RMS-normed (its own [D] weight) before RoPE.
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype) if config.qk_norm else None
 
     def forward(
         self,
@@ -81,12 +85,19 @@ class LlamaAttention(nn.Module):
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, q_size + 2 * kv_size]
         heads = qkv.view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q_end, k_end = self.num_heads, self.num_heads + self.num_kv_heads
+            for norm, lo, hi in ((self.q_norm, 0, q_end), (self.k_norm, q_end, k_end)):
+                part = heads[:, lo:hi].reshape(-1, self.head_dim)  # a copy: heads are strided by token
+                normed = norm(part)
+                assert isinstance(normed, torch.Tensor)
+                heads[:, lo:hi] = normed.view(num_tokens, hi - lo, self.head_dim)
         # Q and K heads are adjacent in the fused output: rotate them in place in one pass.
         rotate_(heads[:, : self.num_heads + self.num_kv_heads], rope)
         q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)  # views [T, H*, D]
         k_cache, v_cache = kv_cache
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
+        out = paged_attention(q, k_cache, v_cache, meta, self.scale, window=self.window)  # [T, Hq, D]
         projected: torch.Tensor = self.o_proj(out.to(hidden.dtype).reshape(num_tokens, self.q_size))
         return projected
 
@@ -110,10 +121,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, window: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.self_attn = LlamaAttention(config, dtype)
+        self.self_attn = LlamaAttention(config, dtype, window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(config, dtype)
 
@@ -158,7 +169,9 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.embed_tokens.requires_grad_(False)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, dtype, config.window_of(i)) for i in range(config.num_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = (
             None if config.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, False, dtype)
@@ -245,6 +258,8 @@ class LlamaForCausalLM(nn.Module):
             stack.add_layer(
                 layer.input_layernorm.weight,
                 layer.post_attention_layernorm.weight,
+                None if attn.q_norm is None else attn.q_norm.weight,
+                None if attn.k_norm is None else attn.k_norm.weight,
                 qkv.parts,
                 qkv.bias,
                 o.qweight,
@@ -252,6 +267,7 @@ class LlamaForCausalLM(nn.Module):
                 down.qweight,
                 k_cache,
                 v_cache,
+                window=attn.window,
             )
         self._stack = (kv_caches, stack)
         return stack

@@ -37,14 +37,17 @@ def paged_attention(
     v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     meta: AttentionMetadata,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:  # [T, Hq, D] in the cache dtype
     """Causal attention of each new token over its request's KV (this step's K/V already stored).
 
     New token i of request r sits at absolute position ``context_len - query_len + i`` and sees
-    KV positions ``<= `` its own. Hq must be a multiple of Hkv (grouped-query attention).
-    Computes in the cache dtype.
+    KV positions ``<= `` its own (and, with ``window`` > 0, ``>`` its own minus ``window``). Hq
+    must be a multiple of Hkv (grouped-query attention). Computes in the cache dtype.
     """
     query = query.to(k_cache.dtype)
+    if window > 0:
+        return _window_attention(query, k_cache, v_cache, meta, scale, window)
     if meta.is_decode_only:
         return _decode_attention(query, k_cache, v_cache, meta, scale)
     return _mixed_attention(query, k_cache, v_cache, meta, scale)
@@ -136,5 +139,30 @@ def _mixed_attention(
         causal = mask is None and query_len > 1
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         out[start : start + query_len] = o.transpose(0, 1)  # [n, Hq, D]
+        start += query_len
+    return out
+
+
+def _window_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    """Sliding-window attention: one SDPA call per request with an explicit [n, ctx] mask."""
+    out = torch.empty_like(query)
+    start = 0
+    for r, (query_len, context_len) in enumerate(zip(meta.query_lens, meta.context_lens_list)):
+        rows = torch.arange(context_len - query_len, context_len)[:, None]  # absolute positions [n, 1]
+        keys = torch.arange(context_len)[None, :]
+        mask = (keys <= rows) & (keys > rows - window)  # [n, ctx]
+        slots = _context_slots(meta, r, context_len)
+        k = _gather(k_cache, slots).transpose(0, 1)  # [Hkv, ctx, D]
+        v = _gather(v_cache, slots).transpose(0, 1)
+        q = query[start : start + query_len].transpose(0, 1)  # [Hq, n, D]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[start : start + query_len] = o.transpose(0, 1)
         start += query_len
     return out

@@ -58,6 +58,8 @@ class DecoderStack:
         self,
         input_norm: torch.Tensor,  # [H] fp32
         post_attention_norm: torch.Tensor,  # [H] fp32
+        q_norm: torch.Tensor | None,  # [D] fp32: Qwen3's per-head norms of q and k, or None
+        k_norm: torch.Tensor | None,
         qkv: QuantWeight | Sequence[QuantWeight],
         qkv_bias: torch.Tensor | None,  # [(Hq + 2 Hkv) D] fp32
         o: QuantWeight,
@@ -65,11 +67,14 @@ class DecoderStack:
         down: QuantWeight,
         k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], fp32 or bf16
         v_cache: torch.Tensor,
+        window: int = 0,  # > 0: the layer's sliding-window attention (Mistral)
     ) -> None:
         """Append the next layer. ValueError on a tensor the core cannot take (dtype, device,
         layout or size)."""
         s = self.shape
-        vectors = [input_norm, post_attention_norm] + ([] if qkv_bias is None else [qkv_bias])
+        vectors = [input_norm, post_attention_norm] + [t for t in (qkv_bias, q_norm, k_norm) if t is not None]
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("q_norm and k_norm come together")
         if any(t.dtype != torch.float32 or not t.is_cpu or not t.is_contiguous() for t in vectors):
             raise ValueError("norm weights and the qkv bias must be contiguous fp32 CPU tensors")
         code = DTYPE_CODES.get(k_cache.dtype)
@@ -93,6 +98,8 @@ class DecoderStack:
             rms_eps=s.rms_eps,
             input_norm=input_norm.data_ptr(),
             post_attention_norm=post_attention_norm.data_ptr(),
+            q_norm=0 if q_norm is None else q_norm.data_ptr(),
+            k_norm=0 if k_norm is None else k_norm.data_ptr(),
             qkv=_parts(qkv),
             qkv_bias=0 if qkv_bias is None else qkv_bias.data_ptr(),
             o=_weight(o),
@@ -103,6 +110,7 @@ class DecoderStack:
             kv_dtype=code,
             num_blocks=k_cache.shape[0],
             block_size=k_cache.shape[1],
+            window=window,
         )
         self._keep += [*vectors, k_cache, v_cache]
 

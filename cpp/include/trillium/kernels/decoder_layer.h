@@ -3,7 +3,8 @@
 // The layer, in the order Hugging Face's LlamaDecoderLayer computes it:
 //
 //   residual += hidden (first layer: residual = hidden);  x = rms_norm(residual) * input_norm
-//   qkv = x @ W_qkv^T (+ bias);  rotate q and k (rotate-half RoPE at each token's position)
+//   qkv = x @ W_qkv^T (+ bias);  [Qwen3: RMS-norm each q and k head];  rotate q and k
+//   (rotate-half RoPE at each token's position)
 //   store k, v in the paged KV pool;  a = paged_attention(q, pool);  o = a @ W_o^T
 //   residual += o;  x = rms_norm(residual) * post_attention_norm
 //   hidden = (silu(x @ W_gate^T) * (x @ W_up^T)) @ W_down^T
@@ -31,6 +32,8 @@ struct DecoderLayerWeights {
   float rms_eps = 1e-6f;
   const float* input_norm = nullptr;           // [H]
   const float* post_attention_norm = nullptr;  // [H]
+  const float* q_norm = nullptr;               // [D]: every q head RMS-normed before RoPE (Qwen3), or null
+  const float* k_norm = nullptr;               // [D]: the same for k heads; set with q_norm
   QuantWeightParts qkv;                        // [(Hq + 2 Hkv) * D, H]: q, then k, then v rows
   const float* qkv_bias = nullptr;             // [(Hq + 2 Hkv) * D] or null
   QuantWeightView o;                           // [H, Hq * D]
@@ -40,6 +43,7 @@ struct DecoderLayerWeights {
   void* v_cache = nullptr;
   DType kv_dtype = DType::kF32;
   int32_t num_blocks = 0, block_size = 0;
+  int32_t window = 0;  // > 0: this layer's sliding-window attention (paged_attention.h), e.g. Mistral
 };
 
 // One step's batch (shared by every layer): T new tokens of R requests, flattened request-major,

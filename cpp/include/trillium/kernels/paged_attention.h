@@ -7,6 +7,8 @@
 //   positions  0 ......... ctx - qlen ......... ctx - 1        key j is visible to new token i
 //              |<- cached ->|<---- new (queries) ---->|        iff j <= ctx - qlen + i  (causal)
 //
+// and, with a sliding window (Mistral, Gemma's local layers), also j > ctx - qlen + i - window.
+//
 // A token at position p lives in block block_tables[r][p / block_size] at offset p % block_size.
 // Grouped-query attention: query head q reads KV head q / (num_q_heads / num_kv_heads).
 //
@@ -50,6 +52,7 @@ struct PagedAttentionArgs {
   int64_t block_table_stride = 0;            // entries per row (max blocks per request)
 
   float scale = 1.0f;   // softmax scale, usually 1/sqrt(head_dim)
+  int32_t window = 0;   // > 0: sliding-window attention, a token at position p sees keys (p - window, p]
   int num_threads = 0;  // 0: the OpenMP default
 };
 
