@@ -83,7 +83,8 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def build(kind: str, path: Path, seed: int = 0) -> Any:
     """Write ``path`` (a GGUF of architecture ``kind``: llama, llama3 (rope-scaled, tied), mistral,
-    qwen2, qwen3) and return the transformers model holding exactly its weights."""
+    mistral_swa (an 8-token sliding window), qwen2, qwen3) and return the transformers model
+    holding exactly its weights."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -97,8 +98,9 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
                     "original_max_position_embeddings": 64, "rope_theta": 500000.0}  # fmt: skip
         hf = tf.LlamaForCausalLM(tf.LlamaConfig(**sizes, rope_parameters=rope, tie_word_embeddings=tied))
         arch = "llama"
-    elif kind == "mistral":
-        hf = tf.MistralForCausalLM(tf.MistralConfig(**sizes, sliding_window=None, tie_word_embeddings=tied))
+    elif kind in ("mistral", "mistral_swa"):
+        window = 8 if kind == "mistral_swa" else None  # sequences of 56 tokens slide well past it
+        hf = tf.MistralForCausalLM(tf.MistralConfig(**sizes, sliding_window=window, tie_word_embeddings=tied))
         arch = "llama"
     elif kind == "qwen2":
         hf = tf.Qwen2ForCausalLM(tf.Qwen2Config(**sizes, tie_word_embeddings=tied))
@@ -124,6 +126,8 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
     rope_params = getattr(cfg, "rope_parameters", None) or {}
     writer.add_rope_freq_base(float(rope_params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     writer.add_vocab_size(cfg.vocab_size)
+    if getattr(cfg, "sliding_window", None):
+        writer.add_sliding_window(cfg.sliding_window)
     state = hf.state_dict()
 
     def put(name: str, hf_name: str, qtype: QT | None, permute_heads: int = 0) -> None:

@@ -108,6 +108,19 @@ def _tiny_hf_model(kind: str):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
+    if kind == "qwen3":
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        model = Qwen3ForCausalLM(Qwen3Config(**TINY, head_dim=32))
+        with torch.no_grad():  # q/k norms start as ones: make them matter
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.normal_(1.0, 0.3)
+                layer.self_attn.k_norm.weight.normal_(1.0, 0.3)
+        return model
+    if kind == "mistral_swa":
+        from transformers import MistralConfig, MistralForCausalLM
+
+        return MistralForCausalLM(MistralConfig(**TINY, sliding_window=8))
     if kind == "llama":
         return LlamaForCausalLM(LlamaConfig(**TINY))
     if kind == "llama_rope_scaled_tied":
@@ -122,7 +135,7 @@ def _tiny_hf_model(kind: str):
     return Qwen2ForCausalLM(Qwen2Config(**TINY, tie_word_embeddings=True))
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama_rope_scaled_tied", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "llama_rope_scaled_tied", "qwen2", "qwen3", "mistral_swa"])
 def test_hf_dir_logits_match_transformers(kind: str, tmp_path) -> None:
     hf = _tiny_hf_model(kind).eval()
     if kind == "qwen2":  # random init leaves biases at zero; make them matter
@@ -137,7 +150,8 @@ def test_hf_dir_logits_match_transformers(kind: str, tmp_path) -> None:
 
     ours, config = load_model(str(tmp_path), torch.float32, progress=False)
     assert config.attention_bias == (kind == "qwen2")
-    assert config.architecture == ("qwen2" if kind == "qwen2" else "llama")
+    assert config.architecture == {"qwen2": "qwen2", "qwen3": "qwen3"}.get(kind, "llama")
+    assert config.sliding_window == (8 if kind == "mistral_swa" else 0)
     ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         expected = hf(torch.tensor([ids])).logits[0].float()

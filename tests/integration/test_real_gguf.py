@@ -1,0 +1,77 @@
+"""Real GGUF files people download, served quantized, against Hugging Face transformers loading the
+same file (its own dequantization and modeling code: an independent oracle).
+
+The files are too large for the default test run; it uses the ones present: paths in
+``TRILLIUM_REAL_GGUF`` (separated by ``:``), else the Qwen2.5-Coder files the benchmark set-up
+assembles from PyPI under ``.peers/qwen-coder/`` (``bench/speculative.py setup-draft-pair``), e.g.
+Qwen2.5-Coder-0.5B-Instruct (Q5_0/Q8_0/Q4_K/Q6_K) and -1.5B-Instruct Q4_K_M. Skipped when none.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from trillium.models import load_model
+from trillium.models.gguf_file import GGUFFile
+from trillium.models.gguf_quant import SUPPORTED
+from trillium.ops.attention import AttentionMetadata
+from trillium.tokenizer import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _files() -> list[str]:
+    listed = [p for p in os.environ.get("TRILLIUM_REAL_GGUF", "").split(":") if p]
+    return listed or sorted(glob.glob(str(ROOT / ".peers" / "qwen-coder" / "*.gguf")))
+
+
+FILES = _files()
+pytestmark = pytest.mark.skipif(not FILES, reason="no real GGUF file here (TRILLIUM_REAL_GGUF or .peers/qwen-coder)")
+PROMPTS = ["def quicksort(arr):", "The three primary colors are", "import json\n\nwith open('data.json') as f:"]
+BLOCK = 16
+
+
+def _greedy(model, prompt: list[int], steps: int) -> tuple[torch.Tensor, list[int]]:
+    total = len(prompt) + steps
+    blocks = -(-total // BLOCK)
+    kv = model.allocate_kv_caches(blocks + 1, BLOCK)
+    table = list(range(1, blocks + 1))
+    with torch.inference_mode():
+        meta = AttentionMetadata.build([len(prompt)], [len(prompt)], [table], BLOCK)
+        logits = model.compute_logits(model(torch.tensor(prompt), torch.arange(len(prompt)), kv, meta))
+        out = [int(logits[-1].argmax())]
+        for pos in range(len(prompt), total - 1):
+            meta = AttentionMetadata.build([1], [pos + 1], [table], BLOCK)
+            step = model.compute_logits(model(torch.tensor([out[-1]]), torch.tensor([pos]), kv, meta))
+            out.append(int(step[-1].argmax()))
+    return logits, out
+
+
+@pytest.mark.parametrize("path", FILES, ids=os.path.basename)
+def test_real_file_served_quantized_matches_transformers(path):
+    from transformers import AutoModelForCausalLM
+
+    kinds = {SUPPORTED.get(t.qtype) for t in GGUFFile(path).tensors if t.name.endswith("weight")} - {None}
+    assert kinds & {"Q4_K", "Q5_K", "Q6_K", "Q5_0"}, f"{path} holds no K-quant or Q5_0 tensor: {kinds}"
+    ours, _ = load_model(path, torch.float32, progress=False, quantized=True)
+    assert ours.quant_embed is not None  # the token table stays quantized too
+    tokenizer = load_tokenizer(path)
+    hf = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()
+    for text in PROMPTS:
+        prompt = tokenizer.encode(text)
+        logits, tokens = _greedy(ours, prompt, 32)
+        with torch.inference_mode():
+            expected = hf(torch.tensor([prompt])).logits[0].float()
+            reference = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[0, len(prompt) :]
+        # fp32, summation order only: relative to the logits' scale.
+        torch.testing.assert_close(logits, expected, rtol=0, atol=2e-3 * expected.abs().max().item())
+        reference = reference.tolist()
+        stop = next((i for i, t in enumerate(reference) if t in tokenizer.eos_token_ids), len(reference))
+        assert tokens[:stop] == reference[:stop], text
