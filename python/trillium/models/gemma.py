@@ -1,0 +1,121 @@
+"""Gemma 3 text decoder over the paged KV cache: the Llama-family model with Gemma's differences.
+
+    embeddings scaled by sqrt(hidden)
+    per layer: h = norm_in(x); a = post_attn_norm(attn(h)); x += a
+               h = pre_ffn_norm(x); m = post_ffn_norm(down(gelu_tanh(gate(h)) * up(h))); x += m
+    attention: q/k heads RMS-normed before RoPE (as Qwen3), softmax scale query_pre_attn_scalar^-1/2,
+               local layers slide over the last `sliding_window` positions with their own RoPE
+               base; every `pattern`-th layer is global (full attention, the main RoPE base)
+
+Norm weights are used as they are: Gemma computes ``x_normed * (1 + w)``, and the loaders hand over
+``1 + w`` (llama.cpp's converter already stores it so; the Hugging Face loader adds the 1). Weights
+arrive under Hugging Face names through :meth:`LlamaForCausalLM.load_weights`, fused the same way,
+so quantized GGUF projections and the quantized token table work as for Llama. The one-call
+decoder stack (C++) covers Llama's layer only; Gemma runs per operation through the same kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trillium.models.config import ModelConfig
+from trillium.models.layers import RMSNorm, RopeStep, RotaryEmbedding
+from trillium.models.llama import KVCache, LlamaAttention, LlamaForCausalLM, _linear
+from trillium.ops.attention import AttentionMetadata
+
+
+class GemmaMLP(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj: nn.Module = _linear(config.hidden_size, 2 * config.intermediate_size, False, dtype)
+        self.down_proj: nn.Module = _linear(config.intermediate_size, config.hidden_size, False, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        out: torch.Tensor = self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return out
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, window: int) -> None:
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(h, eps, dtype)
+        self.self_attn = LlamaAttention(config, dtype, window)
+        self.post_attention_layernorm = RMSNorm(h, eps, dtype)
+        self.pre_feedforward_layernorm = RMSNorm(h, eps, dtype)
+        self.mlp = GemmaMLP(config, dtype)
+        self.post_feedforward_layernorm = RMSNorm(h, eps, dtype)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeStep,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Same contract as ``LlamaDecoderLayer.forward``: (this layer's normed MLP output, the
+        residual stream before it); the next layer's input norm adds them."""
+        if residual is None:
+            residual = hidden
+            x = self.input_layernorm(hidden)
+        else:
+            x, residual = self.input_layernorm(hidden, residual)
+        assert isinstance(x, torch.Tensor)
+        attn = self.post_attention_layernorm(self.self_attn(x, rope, kv_cache, meta))
+        assert isinstance(attn, torch.Tensor)
+        x, residual = self.pre_feedforward_layernorm(attn, residual)  # residual += attn
+        out = self.post_feedforward_layernorm(self.mlp(x))
+        assert isinstance(out, torch.Tensor)
+        return out, residual
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    """Gemma 3 (text): see the module docstring. Loading, quantized weights, KV pools and logits
+    are the Llama model's."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__(config, dtype)
+        self.layers = nn.ModuleList(
+            Gemma3DecoderLayer(config, dtype, config.window_of(i)) for i in range(config.num_layers)
+        )
+        self.fused_layers = False  # the C++ stack runs Llama's layer shape only
+        # Local (sliding) layers rotate with their own base; global ones with the main one.
+        self.rotary_local = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_local_theta or config.rope_theta, None
+        )
+
+    @classmethod
+    def empty(cls, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> LlamaForCausalLM:
+        model = super().empty(config, dtype, device)
+        assert isinstance(model, Gemma3ForCausalLM)
+        model.rotary_local.build(inv_freq=None, device=device)
+        return model
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Gemma scales the embeddings by sqrt(hidden), rounded to the weights' dtype first (as HF).
+        scale = torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32).to(self.dtype)
+        return super().embed(input_ids) * scale
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = self.embed(input_ids)
+        rope_global = self.rotary.for_step(positions, hidden.dtype)
+        rope_local = self.rotary_local.for_step(positions, hidden.dtype)
+        residual: torch.Tensor | None = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            assert isinstance(layer, Gemma3DecoderLayer)
+            rope = rope_local if layer.self_attn.window else rope_global
+            hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
+        normed: torch.Tensor
+        normed, _ = self.norm(hidden, residual)
+        return normed
