@@ -19,8 +19,9 @@ namespace trillium::bindings {
 
 namespace {
 
-// (out_features, in_features, bits, codes, scales, mins) addresses of a packed weight.
-using WeightTuple = std::tuple<int64_t, int64_t, int32_t, std::uintptr_t, std::uintptr_t, std::uintptr_t>;
+// (out_features, in_features, bits, codes, scales, mins, sub_scales) addresses of a packed weight.
+using WeightTuple =
+    std::tuple<int64_t, int64_t, int32_t, std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t>;
 
 QuantWeightView to_view(const WeightTuple& t) {
   QuantWeightView v;
@@ -30,6 +31,7 @@ QuantWeightView to_view(const WeightTuple& t) {
   v.codes = from_address<const void>(std::get<3>(t));
   v.scales = from_address<const float>(std::get<4>(t));
   v.mins = from_address<const float>(std::get<5>(t));
+  v.sub_scales = from_address<const uint8_t>(std::get<6>(t));
   return v;
 }
 
@@ -110,7 +112,7 @@ void bind_decoder_layer(py::module_& m) {
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("rms_eps"), py::arg("input_norm"),
            py::arg("post_attention_norm"), py::arg("q_norm"), py::arg("k_norm"), py::arg("qkv"), py::arg("qkv_bias"), py::arg("o"), py::arg("gate_up"),
            py::arg("down"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_dtype"), py::arg("num_blocks"),
-           py::arg("block_size"), py::arg("window") = 0, "Append a layer (addresses; weights as (N, K, bits, codes, scales, mins)).")
+           py::arg("block_size"), py::arg("window") = 0, "Append a layer (addresses; weights as (N, K, bits, codes, scales, mins, sub_scales)).")
       .def_property_readonly("num_layers", &DecoderStack::num_layers)
       .def(
           "forward",

@@ -27,6 +27,28 @@ void bind_quant_linear(py::module_& m) {
       },
       py::arg("out_features"), py::arg("in_features"), py::arg("bits"),
       "(packed code bytes, scale count) of an [out_features, in_features] weight.");
+  m.def("quant_linear_super_count", &quant_linear_super_count, py::arg("out_features"), py::arg("in_features"),
+        "Floats of two-level super scales (and super mins) of an [out_features, in_features] weight.");
+  m.def(
+      "quant_linear_pack_two_level",
+      [](std::uintptr_t codes, std::uintptr_t super_scale, std::uintptr_t super_min, std::uintptr_t sub_scale,
+         std::uintptr_t sub_min, int64_t out_features, int64_t in_features, int32_t bits, std::uintptr_t packed_codes,
+         std::uintptr_t packed_super, std::uintptr_t packed_super_min, std::uintptr_t packed_sub,
+         std::uintptr_t packed_sub_min) {
+        run_without_gil([&] {
+          return quant_linear_pack_two_level(
+              from_address<const int8_t>(codes), from_address<const float>(super_scale),
+              from_address<const float>(super_min), from_address<const int8_t>(sub_scale),
+              from_address<const uint8_t>(sub_min), out_features, in_features, bits, from_address<void>(packed_codes),
+              from_address<float>(packed_super), from_address<float>(packed_super_min),
+              from_address<uint8_t>(packed_sub), from_address<uint8_t>(packed_sub_min));
+        });
+      },
+      py::arg("codes"), py::arg("super_scale"), py::arg("super_min"), py::arg("sub_scale"), py::arg("sub_min"),
+      py::arg("out_features"), py::arg("in_features"), py::arg("bits"), py::arg("packed_codes"),
+      py::arg("packed_super"), py::arg("packed_super_min"), py::arg("packed_sub"), py::arg("packed_sub_min"),
+      "Pack codes [N, K] with two-level scales (K-quants): fp32 super scale/min [N, K/256], int8/uint8 "
+      "sub-scale [N, K/S] and uint8 sub-min [N, K/32] (pointers; mins 0 for symmetric codes).");
   m.def(
       "quant_linear_pack",
       [](std::uintptr_t codes, std::uintptr_t scale, std::uintptr_t min, int64_t out_features, int64_t in_features,
@@ -45,30 +67,40 @@ void bind_quant_linear(py::module_& m) {
   m.def(
       "quant_linear_dequantize_rows",
       [](int64_t out_features, int64_t in_features, int32_t bits, std::uintptr_t codes, std::uintptr_t scales,
-         std::uintptr_t mins, std::uintptr_t rows, int64_t num_rows, std::uintptr_t out, int64_t out_stride,
-         int num_threads) {
-        const QuantWeightView w{out_features, in_features, bits, from_address<const void>(codes),
-                                from_address<const float>(scales), from_address<const float>(mins)};
+         std::uintptr_t mins, std::uintptr_t sub_scales, std::uintptr_t rows, int64_t num_rows, std::uintptr_t out,
+         int64_t out_stride, int num_threads) {
+        const QuantWeightView w{out_features,
+                                in_features,
+                                bits,
+                                from_address<const void>(codes),
+                                from_address<const float>(scales),
+                                from_address<const float>(mins),
+                                from_address<const uint8_t>(sub_scales)};
         run_without_gil([&] {
           return quant_linear_dequantize_rows(w, from_address<const int64_t>(rows), num_rows, from_address<float>(out),
                                               out_stride, num_threads);
         });
       },
       py::arg("out_features"), py::arg("in_features"), py::arg("bits"), py::arg("codes"), py::arg("scales"),
-      py::arg("mins"), py::arg("rows"), py::arg("num_rows"), py::arg("out"), py::arg("out_stride"),
+      py::arg("mins"), py::arg("sub_scales"), py::arg("rows"), py::arg("num_rows"), py::arg("out"), py::arg("out_stride"),
       py::arg("num_threads") = 0,
       "out[i, :] = W[rows[i], :] dequantized (an embedding lookup over a packed weight; pointers).");
   m.def(
       "quant_linear",
       [](std::uintptr_t x, int64_t num_rows, int64_t x_stride, int64_t out_features, int64_t in_features, int32_t bits,
-         std::uintptr_t codes, std::uintptr_t scales, std::uintptr_t mins, std::uintptr_t bias, std::uintptr_t out,
-         int64_t out_stride, int num_threads, bool int8_activations) {
+         std::uintptr_t codes, std::uintptr_t scales, std::uintptr_t mins, std::uintptr_t sub_scales, std::uintptr_t bias,
+         std::uintptr_t out, int64_t out_stride, int num_threads, bool int8_activations) {
         QuantLinearArgs a;
         a.x = from_address<const float>(x);
         a.num_rows = num_rows;
         a.x_stride = x_stride;
-        a.weight = QuantWeightView{out_features, in_features, bits, from_address<const void>(codes),
-                                   from_address<const float>(scales), from_address<const float>(mins)};
+        a.weight = QuantWeightView{out_features,
+                                   in_features,
+                                   bits,
+                                   from_address<const void>(codes),
+                                   from_address<const float>(scales),
+                                   from_address<const float>(mins),
+                                   from_address<const uint8_t>(sub_scales)};
         a.bias = from_address<const float>(bias);
         a.out = from_address<float>(out);
         a.out_stride = out_stride;
@@ -77,7 +109,8 @@ void bind_quant_linear(py::module_& m) {
         run_without_gil([&] { return quant_linear(a); });
       },
       py::arg("x"), py::arg("num_rows"), py::arg("x_stride"), py::arg("out_features"), py::arg("in_features"),
-      py::arg("bits"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("bias"), py::arg("out"),
+      py::arg("bits"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("sub_scales"), py::arg("bias"),
+      py::arg("out"),
       py::arg("out_stride"), py::arg("num_threads") = 0, py::arg("int8_activations") = false,
       "out[M, N] = x[M, K] . W^T (+ bias) with a packed block-quantized W; fp32 x and out (pointers). "
       "int8_activations: round x to int8 per 32-block (faster, approximate) instead of exact fp32.");

@@ -79,6 +79,14 @@ inline int32_t packed_code(const QuantWeightView& w, int64_t g, int64_t c, int64
 inline void packed_scale_min(const QuantWeightView& w, int64_t g, int64_t c, int64_t k, float* scale, float* min) {
   const int64_t nb = w.in_features / kQuantBlock, sb = kernels::quant_scale_blocks(w.bits);
   const int64_t at = kernels::quant_scale_index(g, k / kQuantBlock, (k % kQuantBlock) / scale_block_size(w.bits), nb, sb) + c;
+  if (w.sub_scales) {  // two-level: super * sub, exact
+    const int64_t sup = kernels::quant_super_index(g, k / kQuantBlock, nb) + c;
+    const float sub = w.bits == 6 ? static_cast<float>(static_cast<int8_t>(w.sub_scales[at])) : w.sub_scales[at];
+    *scale = w.scales[sup] * sub;
+    *min = w.mins ? w.mins[sup] * static_cast<float>(w.sub_scales[kernels::quant_sub_min_offset(w) + at])
+                  : -kernels::quant_symmetric_offset(w.bits) * *scale;
+    return;
+  }
   *scale = w.scales[at];
   *min = w.mins ? w.mins[at] : -kernels::quant_symmetric_offset(w.bits) * w.scales[at];
 }
@@ -167,18 +175,20 @@ int64_t quant_linear_scale_count(int64_t out_features, int64_t in_features, int3
          kQuantGroupCols;
 }
 
+int64_t quant_linear_super_count(int64_t out_features, int64_t in_features) {
+  return padded_groups(out_features) * (in_features / (kQuantBlock * kernels::kSuperBlocks)) * kQuantGroupCols;
+}
+
 // ------------------------------------------------------------------------------------- packing
-Status quant_linear_pack(const int8_t* codes, const float* scale, const float* min, int64_t N, int64_t K,
-                         int32_t bits, void* packed_codes, float* packed_scales, float* packed_mins) {
+namespace {
+
+Status check_pack(const int8_t* codes, int64_t N, int64_t K, int32_t bits, const void* packed_codes) {
   if (!quant_linear_supported_bits(bits)) return bad("bits must be 4, 5, 6 or 8, got " + std::to_string(bits));
   if (N <= 0 || K <= 0 || K % kQuantBlock != 0) {
     return bad("need out_features > 0 and in_features a positive multiple of 32, got " + std::to_string(N) + ", " +
                std::to_string(K));
   }
-  if (!codes || !scale || !packed_codes || !packed_scales) return bad("null pointer");
-  if ((min == nullptr) != (packed_mins == nullptr)) return bad("min and packed_mins must both be given or both null");
-  const int64_t nb = K / kQuantBlock, groups = quant_linear_groups(N);
-  const int64_t sb = kernels::quant_scale_blocks(bits), sbs = scale_block_size(bits), ns = K / sbs;
+  if (!codes || !packed_codes) return bad("null pointer");
   if (bits != 8) {
     const int32_t top = (1 << bits) - 1;
     for (int64_t i = 0; i < N * K; ++i) {
@@ -188,22 +198,20 @@ Status quant_linear_pack(const int8_t* codes, const float* scale, const float* m
       }
     }
   }
+  return Status::Ok();
+}
+
+// The codes of every record (quant_linear.h's layout); padding columns stay zero.
+void pack_codes(const int8_t* codes, int64_t N, int64_t K, int32_t bits, void* packed_codes) {
+  const int64_t nb = K / kQuantBlock, groups = quant_linear_groups(N);
   auto* out = static_cast<uint8_t*>(packed_codes);
   std::memset(out, 0, static_cast<size_t>(quant_linear_packed_bytes(N, K, bits)));
-  const auto scale_bytes = static_cast<size_t>(quant_linear_scale_count(N, K, bits)) * sizeof(float);
-  std::memset(packed_scales, 0, scale_bytes);
-  if (packed_mins) std::memset(packed_mins, 0, scale_bytes);
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* dst = out + kernels::quant_record(g, b, nb) * block_bytes(bits);
       for (int64_t c = 0; c < kQuantGroupCols; ++c) {
         const int64_t n = g * kQuantGroupCols + c;
-        if (n >= N) continue;  // padding columns: zero codes, zero scale
-        for (int64_t s = 0; s < sb; ++s) {
-          const int64_t at = kernels::quant_scale_index(g, b, s, nb, sb) + c;
-          packed_scales[at] = scale[n * ns + b * sb + s];
-          if (packed_mins) packed_mins[at] = min[n * ns + b * sb + s];
-        }
+        if (n >= N) continue;
         for (int64_t kk = 0; kk < kQuantBlock; ++kk) {
           const int64_t quad = kk / 4, j = kk % 4;
           const int8_t q = codes[n * K + b * kQuantBlock + kk];
@@ -219,6 +227,68 @@ Status quant_linear_pack(const int8_t* codes, const float* scale, const float* m
       }
     }
   }
+}
+
+// Per-scale-block values src[N][K/S] into the scale layout (T: float scales, or sub-scale bytes).
+template <typename T>
+void pack_scale_blocks(const T* src, int64_t N, int64_t K, int32_t bits, T* dst) {
+  const int64_t nb = K / kQuantBlock, groups = quant_linear_groups(N);
+  const int64_t sb = kernels::quant_scale_blocks(bits), ns = K / scale_block_size(bits);
+  std::memset(dst, 0, static_cast<size_t>(quant_linear_scale_count(N, K, bits)) * sizeof(T));
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int64_t c = 0; c < kQuantGroupCols; ++c) {
+        const int64_t n = g * kQuantGroupCols + c;
+        if (n >= N) continue;  // padding columns: zero scale
+        for (int64_t s = 0; s < sb; ++s) dst[kernels::quant_scale_index(g, b, s, nb, sb) + c] = src[n * ns + b * sb + s];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Status quant_linear_pack(const int8_t* codes, const float* scale, const float* min, int64_t N, int64_t K,
+                         int32_t bits, void* packed_codes, float* packed_scales, float* packed_mins) {
+  if (Status st = check_pack(codes, N, K, bits, packed_codes); !st.ok()) return st;
+  if (!scale || !packed_scales) return bad("null pointer");
+  if ((min == nullptr) != (packed_mins == nullptr)) return bad("min and packed_mins must both be given or both null");
+  pack_codes(codes, N, K, bits, packed_codes);
+  pack_scale_blocks(scale, N, K, bits, packed_scales);
+  if (packed_mins) pack_scale_blocks(min, N, K, bits, packed_mins);
+  return Status::Ok();
+}
+
+Status quant_linear_pack_two_level(const int8_t* codes, const float* super_scale, const float* super_min,
+                                   const int8_t* sub_scale, const uint8_t* sub_min, int64_t N, int64_t K,
+                                   int32_t bits, void* packed_codes, float* packed_super, float* packed_super_min,
+                                   uint8_t* packed_sub, uint8_t* packed_sub_min) {
+  if (Status st = check_pack(codes, N, K, bits, packed_codes); !st.ok()) return st;
+  if (K % (kQuantBlock * kernels::kSuperBlocks) != 0) return bad("two-level scales need in_features a multiple of 256");
+  if (!super_scale || !sub_scale || !packed_super || !packed_sub) return bad("null pointer");
+  if ((super_min == nullptr) != (sub_min == nullptr) || (super_min == nullptr) != (packed_super_min == nullptr) ||
+      (super_min == nullptr) != (packed_sub_min == nullptr)) {
+    return bad("super_min, sub_min, packed_super_min and packed_sub_min must all be given or all null");
+  }
+  if (bits == 6 && super_min) return bad("6-bit two-level weights are symmetric (no mins)");
+  pack_codes(codes, N, K, bits, packed_codes);
+  const int64_t nb = K / kQuantBlock, groups = quant_linear_groups(N), supers = K / (kQuantBlock * kernels::kSuperBlocks);
+  const auto super_bytes = static_cast<size_t>(quant_linear_super_count(N, K)) * sizeof(float);
+  std::memset(packed_super, 0, super_bytes);
+  if (packed_super_min) std::memset(packed_super_min, 0, super_bytes);
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t b = 0; b < nb; b += kernels::kSuperBlocks) {
+      for (int64_t c = 0; c < kQuantGroupCols; ++c) {
+        const int64_t n = g * kQuantGroupCols + c;
+        if (n >= N) continue;
+        const int64_t at = kernels::quant_super_index(g, b, nb) + c;
+        packed_super[at] = super_scale[n * supers + b / kernels::kSuperBlocks];
+        if (packed_super_min) packed_super_min[at] = super_min[n * supers + b / kernels::kSuperBlocks];
+      }
+    }
+  }
+  pack_scale_blocks(reinterpret_cast<const uint8_t*>(sub_scale), N, K, bits, packed_sub);
+  if (sub_min) pack_scale_blocks(sub_min, N, K, bits, packed_sub_min);
   return Status::Ok();
 }
 
@@ -236,8 +306,12 @@ Status quant_linear(const QuantLinearArgs& a) {
   if (a.x_stride < w.in_features || a.out_stride < w.out_features) {
     return bad("x_stride must be >= in_features and out_stride >= out_features");
   }
-  if (a.int8_activations && w.bits != 4 && w.bits != 8) {
-    return bad("int8 activations take 4- and 8-bit weights, got " + std::to_string(w.bits) + " bits");
+  if (a.int8_activations && ((w.bits != 4 && w.bits != 8) || w.sub_scales)) {
+    return bad("int8 activations take 4- and 8-bit weights with per-block scales, got " + std::to_string(w.bits) +
+               " bits" + (w.sub_scales ? " with two-level scales" : ""));
+  }
+  if (w.sub_scales && w.in_features % (kQuantBlock * kernels::kSuperBlocks) != 0) {
+    return bad("two-level scales need in_features a multiple of 256");
   }
   const int64_t M = a.num_rows, K = w.in_features, nb = K / kQuantBlock;
   const QuantLinearKernels& k = active_kernels();
@@ -316,6 +390,9 @@ Status quant_linear_dequantize_rows(const QuantWeightView& w, const int64_t* row
   if (num_rows < 0) return bad("num_rows must be >= 0");
   if (num_rows == 0) return Status::Ok();
   if (!w.codes || !w.scales || !rows || !out) return bad("null pointer");
+  if (w.sub_scales && w.in_features % (kQuantBlock * kernels::kSuperBlocks) != 0) {
+    return bad("two-level scales need in_features a multiple of 256");
+  }
   if (out_stride < w.in_features) return bad("out_stride must be >= in_features");
   for (int64_t i = 0; i < num_rows; ++i) {
     if (rows[i] < 0 || rows[i] >= w.out_features) {

@@ -184,11 +184,11 @@ class DecoderStack:
         post_attention_norm: int,
         q_norm: int,
         k_norm: int,
-        qkv: list[tuple[int, int, int, int, int, int]],  # 1-3 parts (consecutive rows, own formats)
+        qkv: list[tuple[int, int, int, int, int, int, int]],  # 1-3 parts (consecutive rows, own formats)
         qkv_bias: int,
-        o: tuple[int, int, int, int, int, int],
-        gate_up: list[tuple[int, int, int, int, int, int]],
-        down: tuple[int, int, int, int, int, int],
+        o: tuple[int, int, int, int, int, int, int],  # (N, K, bits, codes, scales, mins, sub_scales)
+        gate_up: list[tuple[int, int, int, int, int, int, int]],
+        down: tuple[int, int, int, int, int, int, int],
         k_cache: int,
         v_cache: int,
         kv_dtype: int,
@@ -239,6 +239,27 @@ def quant_linear_pack(
     """Pack row-major int8 codes [N, K] and fp32 scale/min [N, K/S] (pointers; S = 32, or 16 for 6 bits;
     min and packed_mins both 0 for the format's symmetric codes) into the kernel layout."""
 
+def quant_linear_super_count(out_features: int, in_features: int) -> int:
+    """Floats of two-level super scales (and super mins) of an [out_features, in_features] weight."""
+
+def quant_linear_pack_two_level(
+    codes: int,
+    super_scale: int,
+    super_min: int,
+    sub_scale: int,
+    sub_min: int,
+    out_features: int,
+    in_features: int,
+    bits: int,
+    packed_codes: int,
+    packed_super: int,
+    packed_super_min: int,
+    packed_sub: int,
+    packed_sub_min: int,
+) -> None:
+    """Pack codes [N, K] with two-level scales (K-quants): fp32 super scale/min [N, K/256], int8/uint8
+    sub-scale [N, K/S] and uint8 sub-min [N, K/32] (pointers; mins 0 for symmetric codes)."""
+
 def quant_linear_dequantize_rows(
     out_features: int,
     in_features: int,
@@ -246,6 +267,7 @@ def quant_linear_dequantize_rows(
     codes: int,
     scales: int,
     mins: int,
+    sub_scales: int,
     rows: int,
     num_rows: int,
     out: int,
@@ -264,6 +286,7 @@ def quant_linear(
     codes: int,
     scales: int,
     mins: int,
+    sub_scales: int,
     bias: int,
     out: int,
     out_stride: int,

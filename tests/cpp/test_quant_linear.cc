@@ -122,6 +122,66 @@ void run(int32_t bits, bool with_mins, int64_t M, int64_t N, int64_t K, std::mt1
   }
 }
 
+// Two-level scales (K-quants): fp32 super scales per 256 weights times integer sub-scales must give
+// the same bits as per-block fp32 scales holding the products, on every ISA and row count.
+void run_two_level(int32_t bits, bool with_mins, int64_t M, int64_t N, int64_t K, std::mt19937& rng) {
+  const int64_t S = bits == 6 ? 16 : 32, ns = K / S, nsup = K / 256;
+  std::uniform_int_distribution<int> code(0, (1 << bits) - 1), sub(bits == 6 ? -128 : 0, bits == 6 ? 127 : 63);
+  std::uniform_real_distribution<float> uni(1e-4f, 2e-3f);
+  std::normal_distribution<float> normal;
+  std::vector<int8_t> codes(static_cast<size_t>(N * K)), sub_scale(static_cast<size_t>(N * ns));
+  std::vector<uint8_t> sub_min(static_cast<size_t>(N * (K / 32)));
+  std::vector<float> super_scale(static_cast<size_t>(N * nsup)), super_min(super_scale.size());
+  for (auto& c : codes) c = static_cast<int8_t>(code(rng));
+  for (auto& v : sub_scale) v = static_cast<int8_t>(sub(rng));
+  for (auto& v : sub_min) v = static_cast<uint8_t>(std::uniform_int_distribution<int>(0, 63)(rng));
+  for (auto& v : super_scale) v = uni(rng);
+  for (auto& v : super_min) v = -uni(rng);
+  // The same values as per-block fp32 scales (products exact in fp32).
+  std::vector<float> scale(static_cast<size_t>(N * ns)), mins(scale.size());
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t s = 0; s < ns; ++s) {
+      const float sc = super_scale[n * nsup + s * S / 256] * static_cast<float>(sub_scale[n * ns + s]);
+      scale[n * ns + s] = sc;
+      mins[n * ns + s] = with_mins ? super_min[n * nsup + s * S / 256] * static_cast<float>(sub_min[n * (K / 32) + s * S / 32])
+                                   : -static_cast<float>(1 << (bits - 1)) * sc;
+    }
+  }
+  std::vector<uint8_t> packed(static_cast<size_t>(trillium::quant_linear_packed_bytes(N, K, bits))), packed2(packed.size());
+  const int64_t count = trillium::quant_linear_scale_count(N, K, bits);
+  std::vector<float> ps(static_cast<size_t>(count)), pm(ps.size());
+  std::vector<float> sup(static_cast<size_t>(trillium::quant_linear_super_count(N, K))), supm(sup.size());
+  std::vector<uint8_t> subs(static_cast<size_t>(2 * count));
+  CHECK_OK(trillium::quant_linear_pack(codes.data(), scale.data(), with_mins ? mins.data() : nullptr, N, K, bits,
+                                       packed.data(), ps.data(), with_mins ? pm.data() : nullptr));
+  CHECK_OK(trillium::quant_linear_pack_two_level(codes.data(), super_scale.data(), with_mins ? super_min.data() : nullptr,
+                                                 sub_scale.data(), with_mins ? sub_min.data() : nullptr, N, K, bits,
+                                                 packed2.data(), sup.data(), with_mins ? supm.data() : nullptr, subs.data(),
+                                                 with_mins ? subs.data() + count : nullptr));
+  CHECK(packed == packed2);
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (auto& v : x) v = normal(rng);
+  for (trillium::KernelIsa isa : trillium::kAllKernelIsas) {
+    if (!trillium::kernel_isa_supported(isa)) continue;
+    CHECK_OK(trillium::set_kernel_isa(isa));
+    std::vector<float> one(static_cast<size_t>(M * N)), two(one.size());
+    trillium::QuantLinearArgs a;
+    a.x = x.data();
+    a.num_rows = M;
+    a.x_stride = K;
+    a.weight = {N, K, bits, packed.data(), ps.data(), with_mins ? pm.data() : nullptr};
+    a.out = one.data();
+    a.out_stride = N;
+    CHECK_OK(trillium::quant_linear(a));
+    a.weight = {N, K, bits, packed2.data(), sup.data(), with_mins ? supm.data() : nullptr, subs.data()};
+    a.out = two.data();
+    CHECK_OK(trillium::quant_linear(a));
+    CHECK(one == two);
+    a.int8_activations = true;  // the integer loops take per-block scales only
+    CHECK(trillium::quant_linear(a).code() == trillium::StatusCode::kInvalidArgument);
+  }
+}
+
 void test_bad_arguments() {
   trillium::QuantLinearArgs a;
   a.num_rows = 1;
@@ -160,6 +220,12 @@ int main() {
       run(bits, with_mins, 5, 19, 96, rng);
       run(bits, with_mins, 12, 33, 64, rng);
       run(bits, with_mins, 67, 40, 256, rng);
+    }
+  }
+  for (int32_t bits : {4, 5, 6}) {
+    for (bool with_mins : {true, false}) {
+      if (bits == 6 && with_mins) continue;  // Q6_K is symmetric
+      for (int64_t rows : {1, 3, 7, 12}) run_two_level(bits, with_mins, rows, 40, 512, rng);
     }
   }
   CHECK_OK(trillium::set_kernel_isa(best));

@@ -18,7 +18,7 @@ from gguf.constants import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
 from trillium import _core
-from trillium.models.gguf_quant import SUPPORTED, block_codes_from_raw, pack_fused
+from trillium.models.gguf_quant import SUPPORTED, TWO_LEVEL, Blocks, block_codes_from_raw, blocks_from_raw, pack_fused
 from trillium.ops.quant_linear import (
     BoundQuantLinear,
     QuantWeight,
@@ -186,7 +186,7 @@ def test_parts_write_their_columns():
     gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
     pieces = [random_weight(40, 128, 4, gen), random_weight(16, 128, 4, gen), random_weight(24, 128, 6, gen, True)]
     bits = [4, 4, 6]
-    packed = pack_fused([(c.numpy(), s.numpy(), m.numpy(), b) for (c, s, m), b in zip(pieces, bits, strict=True)])
+    packed = pack_fused([Blocks(c.numpy(), s.numpy(), m.numpy(), b) for (c, s, m), b in zip(pieces, bits, strict=True)])
     assert isinstance(packed, tuple) and [p.bits for p in packed] == [4, 6]
     assert [p.out_features for p in packed] == [56, 24]
     op = BoundQuantLinear(packed, bias := torch.randn(80, generator=gen))
@@ -259,6 +259,16 @@ def test_gguf_blocks_decode_exactly(qtype):
     assert (out - ref).abs().max().item() <= bound
     # Symmetric types keep no mins: they are -offset * scale, derived in the kernel.
     assert (weight.mins.numel() == 0) == (QT(qtype) in (QT.Q4_0, QT.Q5_0, QT.Q6_K, QT.Q8_0))
+    # As served: the K-quants with their two-level scales (super fp32 x integer sub-scales), the
+    # same values and, on every ISA, the same bits as the per-block fp32 scales.
+    served = blocks_from_raw(raw, qtype, n, k).pack()
+    assert served.two_level == (QT(qtype) in TWO_LEVEL)
+    assert served.nbytes <= weight.nbytes
+    assert torch.equal(served.dequantize_rows(torch.arange(n)), theirs)
+    for isa in ISAS:
+        _core.set_kernel_isa(isa)
+        for rows in (1, 3, 11):  # one row, the register tiles, the panel path
+            assert torch.equal(quant_linear(x[:1].repeat(rows, 1), served), quant_linear(x[:1].repeat(rows, 1), weight))
 
 
 def test_row_lookup_rejects_rows_outside_the_table():

@@ -62,6 +62,17 @@ inline int64_t quant_scale_index(int64_t g, int64_t b, int64_t s, int64_t nb, in
          (g % kQuantTileGroups) * kQuantGroupCols;
 }
 
+// Two-level scales (quant_linear.h): index of the first of the 8 super scales of group g for the
+// 256 weights holding block b; and where a weight's sub-mins start in its sub-scale bytes.
+constexpr int64_t kSuperBlocks = 8;  // 32-weight blocks per 256-weight super block
+inline int64_t quant_super_index(int64_t g, int64_t b, int64_t nb) {
+  return ((g / kQuantTileGroups) * (nb / kSuperBlocks) + b / kSuperBlocks) * (kQuantTileGroups * kQuantGroupCols) +
+         (g % kQuantTileGroups) * kQuantGroupCols;
+}
+inline int64_t quant_sub_min_offset(const QuantWeightView& w) {
+  return quant_linear_scale_count(w.out_features, w.in_features, w.bits);
+}
+
 // What a missing min stands for: w = scale * (q - offset) for the format's unsigned codes, offset
 // a power of two so that -offset * scale is exact (8-bit codes are signed: offset 0).
 constexpr float quant_symmetric_offset(int32_t bits) { return bits == 8 ? 0.0f : static_cast<float>(1 << (bits - 1)); }

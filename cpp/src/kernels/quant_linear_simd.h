@@ -198,10 +198,30 @@ inline __m256i quad_codes(const uint8_t* wb, int quad) {
   }
 }
 
-// Scales and mins (the format's symmetric min without mins) of group g, block b, scale block s.
+// 8 sub-scale bytes as fp32 lanes: int8 for 6-bit codes (Q6_K), else uint8.
+template <int BITS>
+inline __m256 sub_scale_lanes(const uint8_t* p) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(BITS == 6 ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+}
+
+// Scales and mins (the format's symmetric min without mins) of group g, block b, scale block s;
+// with two-level scales, super * sub (exact, quant_linear.h).
 template <int BITS>
 inline void scale_min(const QuantWeightView& w, int64_t g, int64_t b, int64_t s, int64_t nb, __m256* d, __m256* m) {
   const int64_t at = quant_scale_index(g, b, s, nb, quant_scale_blocks(BITS));
+  if (w.sub_scales) {
+    const int64_t sup = quant_super_index(g, b, nb);
+    *d = _mm256_mul_ps(_mm256_loadu_ps(w.scales + sup), sub_scale_lanes<BITS>(w.sub_scales + at));
+    if (w.mins) {
+      *m = _mm256_mul_ps(_mm256_loadu_ps(w.mins + sup), sub_scale_lanes<4>(w.sub_scales + quant_sub_min_offset(w) + at));
+    } else if constexpr (BITS == 8) {
+      *m = _mm256_setzero_ps();
+    } else {
+      *m = _mm256_mul_ps(*d, _mm256_set1_ps(-quant_symmetric_offset(BITS)));
+    }
+    return;
+  }
   *d = _mm256_loadu_ps(w.scales + at);
   if (w.mins) {
     *m = _mm256_loadu_ps(w.mins + at);

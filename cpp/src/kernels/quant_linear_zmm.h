@@ -54,11 +54,23 @@ void zmm_direct_tile(const float* x, int64_t x_stride, const QuantWeightView& w,
       if (quad % kQuadsPerScale == 0) {
         // The scales of a tile's groups sit side by side (quant_linear.h): a pair is one load.
         const int64_t at = quant_scale_index(g0, b, quad / kQuadsPerScale, nb, quant_scale_blocks(BITS));
+        const int64_t sup = w.sub_scales ? quant_super_index(g0, b, nb) : 0;
 #pragma GCC unroll 2
         for (int p = 0; p < 2; ++p) {
-          d[p] = _mm512_loadu_ps(w.scales + at + 2 * p * kQuantGroupCols);
-          if (w.mins) {
-            m[p] = _mm512_loadu_ps(w.mins + at + 2 * p * kQuantGroupCols);
+          const int64_t off = 2 * p * kQuantGroupCols;
+          if (w.sub_scales) {  // two-level: super * sub, exact (quant_linear.h)
+            const __m128i sub = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scales + at + off));
+            d[p] = _mm512_mul_ps(_mm512_loadu_ps(w.scales + sup + off),
+                                 _mm512_cvtepi32_ps(BITS == 6 ? _mm512_cvtepi8_epi32(sub) : _mm512_cvtepu8_epi32(sub)));
+          } else {
+            d[p] = _mm512_loadu_ps(w.scales + at + off);
+          }
+          if (w.mins && w.sub_scales) {
+            const __m128i sub_min =
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sub_scales + quant_sub_min_offset(w) + at + off));
+            m[p] = _mm512_mul_ps(_mm512_loadu_ps(w.mins + sup + off), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sub_min)));
+          } else if (w.mins) {
+            m[p] = _mm512_loadu_ps(w.mins + at + off);
           } else if constexpr (BITS == 8) {
             m[p] = _mm512_setzero_ps();
           } else {

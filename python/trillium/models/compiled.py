@@ -54,6 +54,8 @@ class Projection(NamedTuple):
         """The projection of an ``nn.Linear`` or :class:`QuantLinear`; TypeError otherwise."""
         if isinstance(module, QuantLinear):
             w = module.qweight  # ValueError for a projection stored in parts (not compiled)
+            if w.two_level:
+                raise ValueError("compiled decode takes per-block scales, not two-level (K-quant) weights")
             return cls(None, module.bias, w.codes, w.scales, w.mins, w.out_features, w.in_features, w.bits,
                        module.int8_activations)  # fmt: skip
         if isinstance(module, nn.Linear):
@@ -109,6 +111,8 @@ class DecodeWeights(NamedTuple):
         )
         if model.quant_head is not None:
             w = model.quant_head
+            if w.two_level:
+                raise ValueError("compiled decode takes per-block scales, not two-level (K-quant) weights")
             head = Projection(None, None, w.codes, w.scales, w.mins, w.out_features, w.in_features, w.bits,
                               model.int8_activations)  # fmt: skip
         else:

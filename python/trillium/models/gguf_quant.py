@@ -3,7 +3,9 @@
 Every type here is read as integer codes with one scale and one min per scale block,
 ``w = scale * code + min`` (``ops.quant_linear``), without any loss: the scales are products of
 the file's fp16 and small integer scales, exact in fp32, and the kernel's one fma per weight
-rounds ``scale * code + min`` once, as the file's own dequantization does.
+rounds ``scale * code + min`` once, as the file's own dequantization does. The K-quants keep their
+two levels (an fp32 super scale per 256 weights times an integer sub-scale per block, computed in
+the kernel): 0.75 bits a weight of scales instead of 2.
 
     Q4_0  [d f16][16 B: low nibbles = w 0..15, high = 16..31]        w = d (q - 8)            4 bits
     Q4_1  [d f16][m f16][16 B as Q4_0]                               w = d q + m              4 bits
@@ -22,6 +24,7 @@ Other types (Q2_K, Q3_K, IQ*, F16, ...) return None here and stay on the dense p
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,10 +32,11 @@ from gguf.constants import GGMLQuantizationType as QT
 
 from trillium.models.config import ModelConfig
 from trillium.models.gguf_file import GGUFFile, GGUFTensor
-from trillium.ops.quant_linear import QuantWeight
+from trillium.ops.quant_linear import QuantWeight, symmetric_offset
 
 # codes int8 [N, K], scale fp32 [N, K / S], min fp32 [N, K / S], bits (S: ops.quant_linear.scale_block)
 BlockCodes = tuple[np.ndarray, np.ndarray, np.ndarray, int]
+TWO_LEVEL = frozenset({QT.Q4_K, QT.Q5_K, QT.Q6_K})
 
 SUPPORTED = {
     QT.Q4_0: "Q4_0",
@@ -59,14 +63,102 @@ _PROJECTIONS = {
 Packed = QuantWeight | tuple[QuantWeight, ...]  # one weight, or a fused projection's parts
 
 
+@dataclass
+class Blocks:
+    """A tensor's codes and scales as the kernel packs them (rows may be several tensors').
+
+    Per-block scales: ``scale``/``min`` fp32 [N, K / S] (``min`` None: the format's symmetric
+    codes). Two-level (K-quants): ``scale``/``min`` are the super scales [N, K / 256] and
+    ``sub_scale`` [N, K / S] (int8 for 6 bits, else uint8) / ``sub_min`` [N, K / 32] uint8 the
+    integer ones (``ops.quant_linear``)."""
+
+    codes: np.ndarray
+    scale: np.ndarray
+    min: np.ndarray | None
+    bits: int
+    sub_scale: np.ndarray | None = None
+    sub_min: np.ndarray | None = None
+
+    @property
+    def two_level(self) -> bool:
+        return self.sub_scale is not None
+
+    def key(self) -> tuple[int, bool, bool]:
+        """What must match for row-concatenated pieces to share one packed weight."""
+        return self.bits, self.two_level, self.min is None
+
+    def rows(self, fn: Callable[[np.ndarray], np.ndarray]) -> Blocks:
+        """The same row transformation (a permutation) applied to every row-indexed array."""
+        return Blocks._of([None if a is None else fn(a) for a in self._arrays()], self.bits)
+
+    def _arrays(self) -> tuple[np.ndarray | None, ...]:
+        return self.codes, self.scale, self.min, self.sub_scale, self.sub_min
+
+    @staticmethod
+    def cat(pieces: list[Blocks]) -> Blocks:
+        """Row-concatenated pieces of one :meth:`key`."""
+        if len({p.key() for p in pieces}) != 1:
+            raise ValueError("pieces of different formats do not concatenate")
+        arrays = [p._arrays() for p in pieces]
+        joined = [None if a[0] is None else np.concatenate(a) for a in zip(*arrays, strict=True)]
+        return Blocks._of(joined, pieces[0].bits)
+
+    @staticmethod
+    def _of(arrays: list[np.ndarray | None], bits: int) -> Blocks:
+        codes, scale, mins, sub_scale, sub_min = arrays
+        assert codes is not None and scale is not None
+        return Blocks(codes, scale, mins, bits, sub_scale, sub_min)
+
+    def per_block(self) -> BlockCodes:
+        """(codes, scale, min, bits) with one fp32 scale and min per scale block (what the values are)."""
+        if not self.two_level:
+            mins = self.min if self.min is not None else -float(symmetric_offset(self.bits)) * self.scale
+            return self.codes, self.scale, mins.astype(np.float32), self.bits
+        assert self.sub_scale is not None
+        per_super = self.sub_scale.shape[1] // self.scale.shape[1]
+        scale = np.repeat(self.scale, per_super, axis=1) * self.sub_scale.astype(np.float32)
+        if self.min is None:
+            mins = -float(symmetric_offset(self.bits)) * scale
+        else:
+            assert self.sub_min is not None
+            mins = np.repeat(self.min, 8, axis=1) * self.sub_min.astype(np.float32)
+        return self.codes, scale.astype(np.float32), mins.astype(np.float32), self.bits
+
+    def pack(self) -> QuantWeight:
+        codes = torch.from_numpy(np.ascontiguousarray(self.codes))
+        mins = None if self.min is None else torch.from_numpy(np.ascontiguousarray(self.min))
+        if not self.two_level:
+            return QuantWeight.pack(codes, torch.from_numpy(np.ascontiguousarray(self.scale)), mins, self.bits)
+        assert self.sub_scale is not None
+        return QuantWeight.pack_two_level(
+            codes,
+            torch.from_numpy(np.ascontiguousarray(self.scale)),
+            mins,
+            torch.from_numpy(np.ascontiguousarray(self.sub_scale)),
+            None if self.sub_min is None else torch.from_numpy(np.ascontiguousarray(self.sub_min)),
+            self.bits,
+        )
+
+    def pack_into(self, weight: QuantWeight, row: int) -> None:
+        """These rows into ``weight`` (made by ``QuantWeight.empty`` for this format) at ``row``."""
+        weight.pack_rows(
+            row,
+            torch.from_numpy(np.ascontiguousarray(self.codes)),
+            torch.from_numpy(np.ascontiguousarray(self.scale)),
+            None if self.min is None else torch.from_numpy(np.ascontiguousarray(self.min)),
+            None if self.sub_scale is None else torch.from_numpy(np.ascontiguousarray(self.sub_scale)),
+            None if self.sub_min is None else torch.from_numpy(np.ascontiguousarray(self.sub_min)),
+        )
+
+
 _CHUNK_WEIGHTS = 1 << 22  # decoded at a time: the decoding's temporaries stay a few MB
 
 
-def read_block_codes(gguf: GGUFFile, tensor: GGUFTensor) -> BlockCodes | None:
-    """(codes, scale, min, bits) of a 2-D tensor of a :data:`SUPPORTED` type, or None otherwise."""
+def read_blocks(gguf: GGUFFile, tensor: GGUFTensor) -> Blocks | None:
+    """The :class:`Blocks` of a 2-D tensor of a :data:`SUPPORTED` type, or None otherwise."""
     if tensor.qtype not in SUPPORTED or len(tensor.dims) != 2:
         return None
-    return block_codes_from_raw(np.asarray(gguf.raw(tensor)), tensor.qtype, *tensor.dims)
+    return blocks_from_raw(np.asarray(gguf.raw(tensor)), tensor.qtype, *tensor.dims)
 
 
 def read_packed(gguf: GGUFFile, tensor: GGUFTensor) -> QuantWeight | None:
@@ -79,17 +171,11 @@ def read_packed(gguf: GGUFFile, tensor: GGUFTensor) -> QuantWeight | None:
         return None
     n, k = tensor.dims
     qtype = QT(tensor.qtype)
-    weight = QuantWeight.empty(n, k, BITS[qtype], with_mins=qtype not in SYMMETRIC)
+    weight = QuantWeight.empty(n, k, BITS[qtype], with_mins=qtype not in SYMMETRIC, two_level=qtype in TWO_LEVEL)
     raw = np.asarray(gguf.raw(tensor)).reshape(n, -1)  # one row of blocks per output feature
     rows = max(32, _CHUNK_WEIGHTS // k // 32 * 32)  # whole tiles of 32 rows
     for row in range(0, n, rows):
-        codes, scale, mins, _ = block_codes_from_raw(raw[row : row + rows], qtype, min(rows, n - row), k)
-        weight.pack_rows(
-            row,
-            torch.from_numpy(codes),
-            torch.from_numpy(scale),
-            None if qtype in SYMMETRIC else torch.from_numpy(mins),
-        )
+        blocks_from_raw(raw[row : row + rows], qtype, min(rows, n - row), k).pack_into(weight, row)
     return weight
 
 
@@ -113,75 +199,74 @@ def _k_scales(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def block_codes_from_raw(raw: np.ndarray, qtype: int, n: int, k: int) -> BlockCodes:
-    """Decode the raw bytes of an [n, k] tensor of a :data:`SUPPORTED` type into codes, scale, min."""
+    """Decode the raw bytes of an [n, k] tensor of a :data:`SUPPORTED` type into codes and one fp32
+    scale and min per scale block."""
+    return blocks_from_raw(raw, qtype, n, k).per_block()
+
+
+def blocks_from_raw(raw: np.ndarray, qtype: int, n: int, k: int) -> Blocks:
+    """Decode the raw bytes of an [n, k] tensor of a :data:`SUPPORTED` type into :class:`Blocks`
+    (two-level scales for the K-quants; symmetric types without mins)."""
     qtype = QT(qtype)
     if qtype not in SUPPORTED:
         raise ValueError(f"block codes are read for {', '.join(SUPPORTED.values())}, not {qtype.name}")
-    per_block = 256 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 32
+    per_block = 256 if qtype in TWO_LEVEL else 32
     raw = raw.reshape(n * k // per_block, -1)  # one row per block
     bits = BITS[qtype]
     codes: np.ndarray
-    scale: np.ndarray
-    mins: np.ndarray
     if qtype == QT.Q8_0:
         codes = raw[:, 2:].copy().view(np.int8)
-        scale, mins = _f16(raw, 0), np.zeros((raw.shape[0], 1), np.float32)
-    elif qtype in (QT.Q4_0, QT.Q4_1):
-        scale = _f16(raw, 0)
-        mins = _f16(raw, 2) if qtype == QT.Q4_1 else -8.0 * scale
+        return Blocks(codes.reshape(n, k), _f16(raw, 0).reshape(n, -1), None, bits)
+    if qtype in (QT.Q4_0, QT.Q4_1):
         codes = _nibbles(raw[:, 4 if qtype == QT.Q4_1 else 2 :]).reshape(raw.shape[0], 32)
-    elif qtype in (QT.Q5_0, QT.Q5_1):
+        mins = _f16(raw, 2).reshape(n, -1) if qtype == QT.Q4_1 else None
+        return Blocks(codes.view(np.int8).reshape(n, k), _f16(raw, 0).reshape(n, -1), mins, bits)
+    if qtype in (QT.Q5_0, QT.Q5_1):
         at = 4 if qtype == QT.Q5_1 else 2
-        scale = _f16(raw, 0)
-        mins = _f16(raw, 2) if qtype == QT.Q5_1 else -16.0 * scale
         qh = raw[:, at : at + 4].copy().view("<u4")  # [blocks, 1]
         high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
         codes = _nibbles(raw[:, at + 4 :]).reshape(raw.shape[0], 32) | (high << 4)
-    elif qtype in (QT.Q4_K, QT.Q5_K):
-        d, dmin = _f16(raw, 0), _f16(raw, 2)
-        sc, mn = _k_scales(raw[:, 4:16])
-        scale, mins = d * sc, -(dmin * mn)  # [blocks, 8]: exact products in fp32
+        mins = _f16(raw, 2).reshape(n, -1) if qtype == QT.Q5_1 else None
+        return Blocks(codes.view(np.int8).reshape(n, k), _f16(raw, 0).reshape(n, -1), mins, bits)
+    if qtype in (QT.Q4_K, QT.Q5_K):
+        sc, mn = _k_scales(raw[:, 4:16])  # [blocks, 8] each, 6-bit
         qs = raw[:, 16:144] if qtype == QT.Q4_K else raw[:, 48:176]
         codes = _nibbles(qs).reshape(raw.shape[0], 8, 32)
         if qtype == QT.Q5_K:
             qh = raw[:, None, 16:48]  # [blocks, 1, 32]
             codes = codes | (((qh >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 4)
-    else:  # Q6_K
-        ql, qh2 = raw[:, 0:128].reshape(-1, 2, 1, 64), raw[:, 128:192].reshape(-1, 2, 1, 32)
-        low = np.concatenate([ql & 0x0F, ql >> 4], axis=2).reshape(raw.shape[0], 256)
-        pairs = ((qh2 >> np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]) & 3).reshape(raw.shape[0], 256)
-        codes = low | (pairs << 4)
-        scale = _f16(raw, 208) * raw[:, 192:208].copy().view(np.int8).astype(np.float32)  # [blocks, 16]
-        mins = -32.0 * scale
-    codes = np.ascontiguousarray(codes).view(np.int8).reshape(n, k)
-    return codes, scale.reshape(n, -1), np.broadcast_to(mins, scale.shape).reshape(n, -1).astype(np.float32), bits
-
-
-def _rows(block_codes: BlockCodes, fn: Callable[[np.ndarray], np.ndarray]) -> BlockCodes:
-    codes, scale, mins, bits = block_codes
-    return fn(codes), fn(scale), fn(mins), bits
-
-
-def _pack(block_codes: BlockCodes) -> QuantWeight:
-    codes, scale, mins, bits = block_codes
-    return QuantWeight.pack(
-        torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(scale), torch.from_numpy(mins), bits
+        return Blocks(
+            np.ascontiguousarray(codes).view(np.int8).reshape(n, k),
+            _f16(raw, 0).reshape(n, -1),  # d
+            -_f16(raw, 2).reshape(n, -1),  # -dmin: min = -dmin * m
+            bits,
+            sc.astype(np.uint8).reshape(n, -1),
+            mn.astype(np.uint8).reshape(n, -1),
+        )
+    # Q6_K
+    ql, qh2 = raw[:, 0:128].reshape(-1, 2, 1, 64), raw[:, 128:192].reshape(-1, 2, 1, 32)
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=2).reshape(raw.shape[0], 256)
+    pairs = ((qh2 >> np.array([0, 2, 4, 6], np.uint8)[None, None, :, None]) & 3).reshape(raw.shape[0], 256)
+    codes = low | (pairs << 4)
+    return Blocks(
+        codes.view(np.int8).reshape(n, k),
+        _f16(raw, 208).reshape(n, -1),
+        None,
+        bits,
+        raw[:, 192:208].copy().view(np.int8).reshape(n, -1),  # [n, K / 16] signed sub-scales
     )
 
 
-def pack_fused(pieces: list[BlockCodes]) -> Packed:
+def pack_fused(pieces: list[Blocks]) -> Packed:
     """One packed weight for row-concatenated pieces of one format, or parts where the format
-    changes (consecutive pieces of the same bits and scale block are packed together)."""
-    runs: list[list[BlockCodes]] = []
+    changes (consecutive pieces of the same :meth:`Blocks.key` are packed together)."""
+    runs: list[list[Blocks]] = []
     for piece in pieces:
-        if runs and runs[-1][-1][3] == piece[3]:
+        if runs and runs[-1][-1].key() == piece.key():
             runs[-1].append(piece)
         else:
             runs.append([piece])
-    parts = tuple(
-        _pack(run[0]) if len(run) == 1 else _pack((*(np.concatenate([p[i] for p in run]) for i in range(3)), run[0][3]))  # type: ignore[arg-type]
-        for run in runs
-    )
+    parts = tuple(Blocks.cat(run).pack() for run in runs)
     return parts[0] if len(parts) == 1 else parts
 
 
@@ -197,9 +282,9 @@ def read_quant_weights(gguf: GGUFFile, config: ModelConfig, permuted: bool) -> d
 
     by_name = {t.name: t for t in gguf.tensors}
 
-    def codes(name: str) -> BlockCodes | None:
+    def codes(name: str) -> Blocks | None:
         tensor = by_name.get(name)
-        return None if tensor is None else read_block_codes(gguf, tensor)
+        return None if tensor is None else read_blocks(gguf, tensor)
 
     out: dict[str, Packed] = {}
     for i in range(config.num_layers):
@@ -216,8 +301,8 @@ def read_quant_weights(gguf: GGUFFile, config: ModelConfig, permuted: bool) -> d
                 return None
             found = dict(zip(kinds, pieces, strict=True))
             if permuted and "attn_q" in found:
-                found["attn_q"] = _rows(found["attn_q"], lambda a: unpermute_qk(a, config.num_heads))  # type: ignore[arg-type]
-                found["attn_k"] = _rows(found["attn_k"], lambda a: unpermute_qk(a, config.num_kv_heads))  # type: ignore[arg-type]
+                found["attn_q"] = found["attn_q"].rows(lambda a: unpermute_qk(a, config.num_heads))  # type: ignore[union-attr]
+                found["attn_k"] = found["attn_k"].rows(lambda a: unpermute_qk(a, config.num_kv_heads))  # type: ignore[union-attr]
             out[f"layers.{i}.{module}"] = pack_fused([found[kind] for kind in kinds])  # type: ignore[misc]
     head_tensor = by_name.get("output.weight", by_name.get("token_embd.weight"))
     head = None if head_tensor is None else read_packed(gguf, head_tensor)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from gguf.constants import GGMLQuantizationType as QT
 
 from trillium.models.config import ModelConfig
-from trillium.models.gguf_quant import BITS, SYMMETRIC
+from trillium.models.gguf_quant import BITS, SYMMETRIC, TWO_LEVEL
 
 
 @dataclass
@@ -78,7 +78,10 @@ def _packed_bytes(n: int, k: int, qtype: QT) -> int:
     from trillium import _core
 
     codes, scales = _core.quant_linear_sizes(n, k, BITS[qtype])
-    return codes + 4 * scales * (1 if qtype in SYMMETRIC else 2)
+    copies = 1 if qtype in SYMMETRIC else 2  # scales, and mins where the type has them
+    if qtype in TWO_LEVEL:  # fp32 super scales per 256 weights, a byte per scale block
+        return int(codes + copies * (4 * _core.quant_linear_super_count(n, k) + scales))
+    return codes + 4 * scales * copies
 
 
 def _inspect_gguf(path: str) -> ModelReport:

@@ -34,13 +34,13 @@ class LayerShape:
     attn_scale: float  # softmax scale of every layer's attention
 
 
-def _weight(w: QuantWeight) -> tuple[int, int, int, int, int, int]:
+def _weight(w: QuantWeight) -> tuple[int, int, int, int, int, int, int]:
     """The kernel's weight arguments without the bias (passed on its own)."""
-    n, k, bits, codes, scales, mins, _ = _weight_args(w, None)
-    return (n, k, bits, codes, scales, mins)
+    n, k, bits, codes, scales, mins, sub_scales, _ = _weight_args(w, None)
+    return (n, k, bits, codes, scales, mins, sub_scales)
 
 
-def _parts(w: QuantWeight | Sequence[QuantWeight]) -> list[tuple[int, int, int, int, int, int]]:
+def _parts(w: QuantWeight | Sequence[QuantWeight]) -> list[tuple[int, int, int, int, int, int, int]]:
     """A fused projection's parts (one weight, or consecutive rows in different formats)."""
     return [_weight(w)] if isinstance(w, QuantWeight) else [_weight(p) for p in w]
 

@@ -16,7 +16,7 @@ shape) or, for a layer that runs every step, :class:`BoundQuantLinear` (argument
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,7 @@ from trillium import _core
 
 BLOCK = _core.QUANT_BLOCK  # 32
 BITS = (4, 5, 6, 8)
+SUPER_BLOCK = 256  # weights per super scale of two-level (K-quant) scales
 
 
 def scale_block(bits: int) -> int:
@@ -46,6 +47,9 @@ class QuantWeight:
     codes: torch.Tensor  # uint8, packed
     scales: torch.Tensor  # float32, packed
     mins: torch.Tensor  # float32, packed; empty for the format's symmetric codes (no mins read)
+    # Two-level scales (K-quants; quant_linear.h): uint8 sub-scales (then sub-mins), with `scales`
+    # and `mins` the fp32 super scales per 256 weights; empty for per-block fp32 scales.
+    sub_scales: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.uint8))
 
     @classmethod
     def pack(cls, codes: torch.Tensor, scale: torch.Tensor, min: torch.Tensor | None, bits: int) -> QuantWeight:
@@ -76,26 +80,48 @@ class QuantWeight:
         return weight
 
     @classmethod
-    def empty(cls, out_features: int, in_features: int, bits: int, with_mins: bool) -> QuantWeight:
-        """An unfilled weight for :meth:`pack_rows` (a large tensor packed a few rows at a time)."""
+    def empty(
+        cls, out_features: int, in_features: int, bits: int, with_mins: bool, two_level: bool = False
+    ) -> QuantWeight:
+        """An unfilled weight for :meth:`pack_rows` (a large tensor packed a few rows at a time);
+        ``two_level``: K-quant scales (in_features a multiple of 256)."""
         if bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {bits}")
         if in_features % BLOCK or in_features <= 0 or out_features <= 0:
             raise ValueError(f"need out_features > 0 and in_features a positive multiple of {BLOCK}")
+        if two_level and in_features % SUPER_BLOCK:
+            raise ValueError(f"two-level scales need in_features a multiple of {SUPER_BLOCK}, got {in_features}")
         num_bytes, num_scales = _core.quant_linear_sizes(out_features, in_features, bits)
+        floats = _core.quant_linear_super_count(out_features, in_features) if two_level else num_scales
+        sub = num_scales * (2 if with_mins else 1) if two_level else 0
         return cls(
             out_features,
             in_features,
             bits,
             torch.empty(num_bytes, dtype=torch.uint8),
-            torch.empty(num_scales, dtype=torch.float32),
-            torch.empty(num_scales if with_mins else 0, dtype=torch.float32),
+            torch.empty(floats, dtype=torch.float32),
+            torch.empty(floats if with_mins else 0, dtype=torch.float32),
+            torch.empty(sub, dtype=torch.uint8),
         )
 
-    def pack_rows(self, row: int, codes: torch.Tensor, scale: torch.Tensor, min: torch.Tensor | None) -> None:
+    @property
+    def two_level(self) -> bool:
+        return self.sub_scales.numel() > 0
+
+    def pack_rows(
+        self,
+        row: int,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        min: torch.Tensor | None,
+        sub_scale: torch.Tensor | None = None,
+        sub_min: torch.Tensor | None = None,
+    ) -> None:
         """Pack output rows ``[row, row + len(codes))`` (``row`` a multiple of 32: the layout's
         tiles are 32 rows and lie one after another) as :meth:`pack` would. ``min`` must be given
-        exactly when this weight has mins. ValueError on bad sizes or codes."""
+        exactly when this weight has mins. A two-level weight takes super ``scale`` / ``min`` fp32
+        [n, K / 256] and ``sub_scale`` [n, K / S] (int8 for 6 bits, else 0..255) / ``sub_min``
+        [n, K / 32] (0..255). ValueError on bad sizes or codes."""
         n, k = codes.shape
         if (
             codes.dtype != torch.int8
@@ -106,24 +132,70 @@ class QuantWeight:
             raise ValueError(f"rows [{row}, {row + n}) of width {k} do not fit this weight at a tile boundary")
         if (min is None) != (self.mins.numel() == 0):
             raise ValueError("min must be given exactly when the weight keeps mins")
-        blocks = k // scale_block(self.bits)
+        if (sub_scale is not None) != self.two_level or (sub_min is not None) != (self.two_level and min is not None):
+            raise ValueError("sub_scale (and, with mins, sub_min) go with two-level weights only")
+        blocks = k // (SUPER_BLOCK if self.two_level else scale_block(self.bits))
         scale = scale.to(torch.float32).contiguous()
         min = None if min is None else min.to(torch.float32).contiguous()
         if tuple(scale.shape) != (n, blocks) or (min is not None and tuple(min.shape) != (n, blocks)):
             raise ValueError(f"scale and min must be [{n}, {blocks}]")
         codes = codes.contiguous()
         bytes_before, scales_before = _core.quant_linear_sizes(row, k, self.bits) if row else (0, 0)
-        _core.quant_linear_pack(
+        if not self.two_level:
+            _core.quant_linear_pack(
+                codes.data_ptr(),
+                scale.data_ptr(),
+                0 if min is None else min.data_ptr(),
+                n,
+                k,
+                self.bits,
+                self.codes.data_ptr() + bytes_before,
+                self.scales.data_ptr() + 4 * scales_before,
+                self.mins.data_ptr() + 4 * scales_before if min is not None else 0,
+            )
+            return
+        assert sub_scale is not None
+        subs = k // scale_block(self.bits)
+        sub_scale = sub_scale.to(torch.int8 if self.bits == 6 else torch.uint8).contiguous()
+        sub_min = None if sub_min is None else sub_min.to(torch.uint8).contiguous()
+        if tuple(sub_scale.shape) != (n, subs) or (sub_min is not None and tuple(sub_min.shape) != (n, k // BLOCK)):
+            raise ValueError(f"sub_scale must be [{n}, {subs}] and sub_min [{n}, {k // BLOCK}]")
+        supers_before = _core.quant_linear_super_count(row, k) if row else 0
+        total_scales = _core.quant_linear_sizes(self.out_features, k, self.bits)[1]
+        sub = self.sub_scales.data_ptr()
+        _core.quant_linear_pack_two_level(
             codes.data_ptr(),
             scale.data_ptr(),
             0 if min is None else min.data_ptr(),
+            sub_scale.data_ptr(),
+            0 if sub_min is None else sub_min.data_ptr(),
             n,
             k,
             self.bits,
             self.codes.data_ptr() + bytes_before,
-            self.scales.data_ptr() + 4 * scales_before,
-            self.mins.data_ptr() + 4 * scales_before if min is not None else 0,
+            self.scales.data_ptr() + 4 * supers_before,
+            self.mins.data_ptr() + 4 * supers_before if min is not None else 0,
+            sub + scales_before,
+            sub + total_scales + scales_before if min is not None else 0,
         )
+
+    @classmethod
+    def pack_two_level(
+        cls,
+        codes: torch.Tensor,
+        super_scale: torch.Tensor,
+        super_min: torch.Tensor | None,
+        sub_scale: torch.Tensor,
+        sub_min: torch.Tensor | None,
+        bits: int,
+    ) -> QuantWeight:
+        """Pack codes with two-level (K-quant) scales: see :meth:`pack_rows`. ValueError on bad input."""
+        if codes.dtype != torch.int8 or codes.dim() != 2:
+            raise ValueError(f"codes must be a 2-D int8 tensor, got {codes.dtype} {tuple(codes.shape)}")
+        n, k = codes.shape
+        weight = cls.empty(n, k, bits, with_mins=super_min is not None, two_level=True)
+        weight.pack_rows(0, codes, super_scale, super_min, sub_scale, sub_min)
+        return weight
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """fp32 ``W[rows]`` [*rows.shape, K]: the same values the exact matmul multiplies with. An
@@ -137,6 +209,7 @@ class QuantWeight:
             self.codes.data_ptr(),
             self.scales.data_ptr(),
             self.mins.data_ptr() if self.mins.numel() else 0,
+            self.sub_scales.data_ptr() if self.two_level else 0,
             flat.data_ptr(),
             flat.numel(),
             out.data_ptr(),
@@ -147,7 +220,7 @@ class QuantWeight:
 
     @property
     def nbytes(self) -> int:
-        return self.codes.numel() + 4 * (self.scales.numel() + self.mins.numel())
+        return self.codes.numel() + 4 * (self.scales.numel() + self.mins.numel()) + self.sub_scales.numel()
 
 
 def quant_linear(
@@ -245,9 +318,9 @@ def _checked_bias(bias: torch.Tensor | None, out_features: int) -> torch.Tensor 
     return bias
 
 
-# (out_features, in_features, bits, codes, scales, mins, bias): the kernel's flat weight arguments,
-# addresses for the tensors (bias 0 when absent), in ``_core.quant_linear``'s order.
-_WeightArgs = tuple[int, int, int, int, int, int, int]
+# (out_features, in_features, bits, codes, scales, mins, sub_scales, bias): the kernel's flat weight
+# arguments, addresses for the tensors (0 when absent), in ``_core.quant_linear``'s order.
+_WeightArgs = tuple[int, int, int, int, int, int, int, int]
 
 
 def _weight_args(weight: QuantWeight, bias: torch.Tensor | None) -> _WeightArgs:
@@ -259,6 +332,7 @@ def _weight_args(weight: QuantWeight, bias: torch.Tensor | None) -> _WeightArgs:
         weight.codes.data_ptr(),
         weight.scales.data_ptr(),
         weight.mins.data_ptr() if weight.mins.numel() else 0,
+        weight.sub_scales.data_ptr() if weight.two_level else 0,
         0 if bias is None else bias.data_ptr(),
     )
 

@@ -72,9 +72,10 @@ def quant_linear(
     bits: int,
     int8_activations: bool,
 ) -> torch.Tensor:  # [..., N] fp32
-    """:func:`trillium.ops.quant_linear.quant_linear` with the weight passed field by field: the
-    same result and ValueErrors, plus one if the fields do not describe a packed weight (the
-    kernel reads ``codes`` by the ints, so they must agree)."""
+    """:func:`trillium.ops.quant_linear.quant_linear` with the weight passed field by field (per-block
+    scales: a two-level K-quant weight is not taken here): the same result and ValueErrors, plus
+    one if the fields do not describe a packed weight (the kernel reads ``codes`` by the ints, so
+    they must agree)."""
     num_bytes, num_scales = _core.quant_linear_sizes(out_features, in_features, bits)
     if codes.numel() != num_bytes or scales.numel() != num_scales or mins.numel() not in (0, num_scales):
         raise ValueError(f"codes/scales/mins are not a packed {out_features}x{in_features} {bits}-bit weight")
@@ -87,7 +88,7 @@ def quant_linear(
         raise ValueError(f"x has {x.shape[1]} features, the weight expects {in_features}")
     bias = ql._checked_bias(bias, out_features)
     args = (out_features, in_features, bits, codes.data_ptr(), scales.data_ptr(),
-            mins.data_ptr() if mins.numel() else 0, 0 if bias is None else bias.data_ptr())  # fmt: skip
+            mins.data_ptr() if mins.numel() else 0, 0, 0 if bias is None else bias.data_ptr())  # fmt: skip
     out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
     ql._run(x, in_features, args, out, int8_activations)
     return out

@@ -62,6 +62,7 @@ int32_t quant_linear_scale_blocks(int32_t bits);       // scale blocks per 32-we
 int64_t quant_linear_groups(int64_t out_features);  // groups holding real features (the tiles pad past them)
 int64_t quant_linear_packed_bytes(int64_t out_features, int64_t in_features, int32_t bits);
 int64_t quant_linear_scale_count(int64_t out_features, int64_t in_features, int32_t bits);  // floats in scales (and in mins)
+int64_t quant_linear_super_count(int64_t out_features, int64_t in_features);  // two-level: floats in super scales (mins)
 
 // A packed weight, as quant_linear_pack wrote it. Read-only for the kernels.
 struct QuantWeightView {
@@ -69,8 +70,18 @@ struct QuantWeightView {
   int64_t in_features = 0;   // K, a multiple of kQuantBlock
   int32_t bits = 0;          // 4, 5, 6 or 8
   const void* codes = nullptr;   // quant_linear_packed_bytes(N, K, bits) bytes
-  const float* scales = nullptr; // quant_linear_scale_count(N, K, bits) floats
+  const float* scales = nullptr; // quant_linear_scale_count(N, K, bits) floats (two-level: super scales)
   const float* mins = nullptr;   // same count, or null: the format's symmetric codes (see the table)
+  // Two-level scales (GGUF's K-quants keep them so), or null. Then `scales` (and `mins`) hold one
+  // fp32 super scale (super min) per feature and 256 weights along K -- quant_linear_super_count
+  // floats, [tile][K/256][g % 4][column] -- and `sub_scales` one integer sub-scale per scale block,
+  // quant_linear_scale_count bytes laid out like per-block scales (int8 for 6 bits, else uint8),
+  // followed by as many uint8 sub-mins when there are mins:
+  //   scale = super_scale * sub_scale,  min = super_min * sub_min   (exact in fp32: a Q4_K..Q6_K
+  //   super scale is an fp16 value, a sub-scale at most 8 bits)
+  // so results are bit-identical to per-block fp32 scales of the same values, from a quarter of
+  // the scale bytes (0.75 bits a weight instead of 2 for Q4_K). K must be a multiple of 256.
+  const uint8_t* sub_scales = nullptr;
 };
 
 // Pack row-major codes q[N][K] (int8, in the format's range) and per-scale-block scale[N][K/S],
@@ -80,6 +91,18 @@ struct QuantWeightView {
 Status quant_linear_pack(const int8_t* codes, const float* scale, const float* min, int64_t out_features,
                          int64_t in_features, int32_t bits, void* packed_codes, float* packed_scales,
                          float* packed_mins);
+
+// Pack for two-level scales: codes as quant_linear_pack; super_scale[N][K/256] and super_min
+// (or null: symmetric codes) fp32; sub_scale[N][K/S] (int8 for 6 bits, else 0..255) and sub_min[N][K/32]
+// (uint8, null exactly when super_min is). Outputs: packed codes, quant_linear_super_count floats in
+// packed_super (and packed_super_min), quant_linear_scale_count bytes in packed_sub (and
+// packed_sub_min: QuantWeightView::sub_scales + quant_linear_scale_count for a whole weight; a
+// caller packing a weight a few tiles of rows at a time places each part). kInvalidArgument for
+// bad sizes (K not a multiple of 256), bits or codes.
+Status quant_linear_pack_two_level(const int8_t* codes, const float* super_scale, const float* super_min,
+                                   const int8_t* sub_scale, const uint8_t* sub_min, int64_t out_features,
+                                   int64_t in_features, int32_t bits, void* packed_codes, float* packed_super,
+                                   float* packed_super_min, uint8_t* packed_sub, uint8_t* packed_sub_min);
 
 struct QuantLinearArgs {
   const float* x = nullptr;  // [M, K], row stride x_stride (>= K)
@@ -94,7 +117,8 @@ struct QuantLinearArgs {
 };
 
 // out = x . W^T + bias. kInvalidArgument (nothing written) for inconsistent sizes or null pointers,
-// and for int8 activations with 5- or 6-bit weights (the integer loops take 4 and 8 bits only).
+// and for int8 activations with 5- or 6-bit weights or two-level scales (the integer loops take
+// 4- and 8-bit codes with per-block scales only).
 // Uses AVX2 (AVX-512: the same integer loops with 32 registers, and 512-bit fp32 tiles for the
 // exact path) when the active kernel ISA (kernel_isa(), trillium/cpu_isa.h) is AVX2 or better,
 // else a portable scalar path with the same arithmetic.
