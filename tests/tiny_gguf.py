@@ -83,7 +83,7 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def build(kind: str, path: Path, seed: int = 0) -> Any:
     """Write ``path`` (a GGUF of architecture ``kind``: llama, llama3 (rope-scaled, tied), mistral,
-    mistral_swa (an 8-token sliding window), qwen2, qwen3, gemma3 (a sliding and a global layer))
+    mistral_swa (an 8-token sliding window), qwen2, qwen3, gemma2 and gemma3 (a sliding and a global layer; Gemma 2 soft-capped))
     and return the transformers model
     holding exactly its weights."""
     import transformers as tf
@@ -91,7 +91,7 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     sizes = dict(SIZES)
-    tied = kind in ("llama3", "qwen2", "qwen3", "gemma3")
+    tied = kind in ("llama3", "qwen2", "qwen3", "gemma2", "gemma3")
     if kind in ("llama", "llama3"):
         rope = None
         if kind == "llama3":
@@ -118,6 +118,18 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
         )
         hf = tf.Gemma3ForCausalLM(config)
         arch = "gemma3"
+    elif kind == "gemma2":  # layer 0 slides over 8 positions, layer 1 is global; caps small enough to bite
+        config = tf.Gemma2Config(
+            **sizes,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=64,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=3.0,
+        )
+        config._attn_implementation = "eager"  # soft-capping is written out in eager attention
+        hf = tf.Gemma2ForCausalLM(config)
+        arch = "gemma2"
     else:
         raise ValueError(kind)
     hf = hf.float().eval()
@@ -141,6 +153,9 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
         writer.add_sliding_window(cfg.sliding_window)
     if arch == "gemma3":
         writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+    if arch == "gemma2":  # llama.cpp's keys; its default pattern for Gemma 2 is every other layer
+        writer.add_float32("gemma2.attn_logit_softcapping", cfg.attn_logit_softcapping)
+        writer.add_float32("gemma2.final_logit_softcapping", cfg.final_logit_softcapping)
     state = hf.state_dict()
 
     def put(name: str, hf_name: str, qtype: QT | None, permute_heads: int = 0) -> None:
@@ -150,11 +165,11 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
         if qtype is None:
             data = target.detach().float().numpy()
             if hf_name.endswith("norm.weight"):  # ones (zeros for Gemma) at init: make them matter
-                data = (float(arch != "gemma3") + 0.3 * rng.standard_normal(data.shape)).astype(np.float32)
+                data = (float(not arch.startswith("gemma")) + 0.3 * rng.standard_normal(data.shape)).astype(np.float32)
             elif hf_name.endswith(".bias"):
                 data = (0.5 * rng.standard_normal(data.shape)).astype(np.float32)
             file_data = _llama_cpp_permute(data, permute_heads) if permute_heads else data
-            if arch == "gemma3" and hf_name.endswith("norm.weight"):
+            if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
                 file_data = file_data + 1.0  # Gemma computes x * (1 + w): llama.cpp stores 1 + w
             writer.add_tensor(name, np.ascontiguousarray(file_data))
             target.copy_(torch.from_numpy(data))
@@ -172,7 +187,7 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         put(f"blk.{i}.attn_norm.weight", p + "input_layernorm.weight", None)
-        if arch == "gemma3":
+        if arch.startswith("gemma"):
             put(f"blk.{i}.post_attention_norm.weight", p + "post_attention_layernorm.weight", None)
             put(f"blk.{i}.ffn_norm.weight", p + "pre_feedforward_layernorm.weight", None)
             put(f"blk.{i}.post_ffw_norm.weight", p + "post_feedforward_layernorm.weight", None)

@@ -77,6 +77,7 @@ Status validate(const PagedAttentionArgs& a, bool decode) {
     return bad("block_size must be > 0 and num_blocks, num_requests, num_tokens >= 0");
   }
   if (a.window < 0) return bad("window must be >= 0 (0: none), got " + std::to_string(a.window));
+  if (!(a.softcap >= 0.0f)) return bad("softcap must be >= 0 (0: none)");
   if (decode && a.num_tokens != a.num_requests) {
     return bad("decode needs one token per request, got " + std::to_string(a.num_tokens) + " tokens for " +
                std::to_string(a.num_requests) + " requests");
@@ -335,6 +336,7 @@ void run_decode_groups(const PagedAttentionArgs& a, const std::vector<DecodeGrou
     w.key_end = it.key_end;
     w.heads_per_token = G;
     w.token_key_end = T > 1 ? key_ends.data() : nullptr;
+    w.softcap = a.softcap * kLog2e;
     w.acc = acc;
     w.m = m;
     w.l = l;
@@ -474,6 +476,7 @@ Status paged_attention_extend(const PagedAttentionArgs& a) {
     w.num_queries = it.num_queries;
     w.first_pos = ctx - qlen + it.first_query;
     w.window = a.window;
+    w.softcap = a.softcap * kLog2e;
     w.q = q;
     w.acc = acc;
     w.m = m;

@@ -137,6 +137,7 @@ def paged_attention(
     num_threads: int,
     decode: bool,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> None:
     """Paged attention over one layer's pool; releases the GIL. ValueError (nothing written) on bad
     sizes, lengths or block ids. decode=True needs one token per request."""

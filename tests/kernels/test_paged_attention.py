@@ -92,12 +92,14 @@ class Case:
     group: int
     strided_query: bool  # query as a view of a fused [T, Hq + 2 Hkv, D] projection
     window: int = 0  # sliding-window attention (0: none)
+    softcap: float = 0.0  # score soft-capping (0: none)
 
     def describe(self) -> str:
         lens = [c + n for c, n in self.spec]
         return (
             f"R={len(self.spec)} ctx=[{min(lens)}..{max(lens)}] qlen_max={max(n for _, n in self.spec)} "
-            f"bs={self.block_size} D={self.head_dim} Hkv={self.num_kv_heads} G={self.group} window={self.window}"
+            f"bs={self.block_size} D={self.head_dim} Hkv={self.num_kv_heads} G={self.group} window={self.window} "
+            f"softcap={self.softcap}"
         )
 
 
@@ -174,10 +176,12 @@ def _check(case: Case, dtype: torch.dtype, device: str, seed: int) -> None:
     meta, k_cache, v_cache, query = _build(case, dtype, device, rng, gen)
     scale = case.head_dim**-0.5
     out = torch.full(query.shape, float("nan"), dtype=dtype, device=device)
-    result = attention.paged_attention(query, k_cache, v_cache, meta, scale, out=out, window=case.window)
+    result = attention.paged_attention(
+        query, k_cache, v_cache, meta, scale, out=out, window=case.window, softcap=case.softcap
+    )
     assert result.data_ptr() == out.data_ptr()
     expected = attention_ref.paged_attention(
-        query.float(), k_cache.float(), v_cache.float(), meta, scale, window=case.window
+        query.float(), k_cache.float(), v_cache.float(), meta, scale, window=case.window, softcap=case.softcap
     )
     context = f"seed {seed}: {case.describe()} {dtype}"
     assert bool(torch.isfinite(out).all()), f"unwritten or NaN output elements ({context})"
@@ -252,6 +256,22 @@ def test_sliding_window_matches_reference(kind, draw, threads) -> None:
     threads(rng.choice([1, 2, 3]))
     case = sample_decode(rng) if kind == "decode" else sample_extend(rng)
     case.window = rng.choice([1, 2, 15, 16, 17, 63, 64, 65, _log_uniform(rng, 1, 3000)])
+    _check(case, torch.float32, "cpu", rng.randrange(2**32))
+
+
+@pytest.mark.parametrize("kind", ["decode", "extend"])
+@pytest.mark.parametrize("draw", range(6))
+def test_soft_capped_scores_match_reference(target, kind, draw, threads) -> None:
+    """Gemma 2's logit soft-capping (scores become cap * tanh(score / cap)) on every ISA, with and
+    without a sliding window; caps small enough to change the softmax a lot."""
+    if target == "cuda":
+        pytest.skip("soft-capping runs on the CPU kernels only")
+    seed = _seed()
+    rng = random.Random(seed)
+    threads(rng.choice([1, 2, 3]))
+    case = sample_decode(rng) if kind == "decode" else sample_extend(rng)
+    case.softcap = rng.choice([0.5, 2.0, 50.0])
+    case.window = rng.choice([0, 0, _log_uniform(rng, 1, 3000)])
     _check(case, torch.float32, "cpu", rng.randrange(2**32))
 
 

@@ -2,8 +2,9 @@
 Hugging Face transformers on the same weights (tests/tiny_gguf.py writes both).
 
 For each of Llama (Q/K rows permuted in the file), Llama 3.1 (rope scaling as rope_freqs, tied
-head), Mistral (with and without a sliding window), Qwen2 (q/k/v biases), Qwen3 (q/k norms) and Gemma 3
-(four norms a layer, GELU, scaled embeddings, sliding and global layers with their own RoPE), with projections in Q4_K, Q5_K, Q6_K,
+head), Mistral (with and without a sliding window), Qwen2 (q/k/v biases), Qwen3 (q/k norms), Gemma 2
+(soft-capped attention scores and logits) and Gemma 3 (four norms a layer, GELU, scaled embeddings,
+sliding and global layers with their own RoPE), with projections in Q4_K, Q5_K, Q6_K,
 Q5_0, Q5_1, Q4_0, Q4_1 and Q8_0 -- fused q/k/v and gate/up mixing types as Q4_K_M files do --
 served dense (dequantized) and kept quantized (the C++ kernels, one-call decoder stack): fp32 logits
 within summation-order tolerance of transformers', and the same 32 greedy tokens, prefilled and
@@ -20,7 +21,7 @@ from trillium.models import load_model
 from trillium.models.llama import QuantLinear
 from trillium.ops.attention import AttentionMetadata
 
-KINDS = ["llama", "llama3", "mistral", "mistral_swa", "qwen2", "qwen3", "gemma3"]
+KINDS = ["llama", "llama3", "mistral", "mistral_swa", "qwen2", "qwen3", "gemma2", "gemma3"]
 BLOCK = 16
 
 
@@ -53,7 +54,8 @@ def test_gguf_matches_transformers(tiny, quantized):
     kind, path, hf = tiny
     ours, config = load_model(path, torch.float32, progress=False, quantized=quantized)
     assert config.architecture == {"llama3": "llama", "mistral": "llama", "mistral_swa": "llama"}.get(kind, kind)
-    assert config.sliding_window == (8 if kind in ("mistral_swa", "gemma3") else 0)
+    assert config.sliding_window == (8 if kind in ("mistral_swa", "gemma2", "gemma3") else 0)
+    assert (config.attn_softcap, config.final_softcap) == ((2.0, 3.0) if kind == "gemma2" else (0.0, 0.0))
     assert config.qk_norm == (kind in ("qwen3", "gemma3")) and config.attention_bias == (kind == "qwen2")
     if quantized:  # the projections, the head and the token table stay in the file's types
         assert any(isinstance(m, QuantLinear) and len(m.parts) == 2 for m in ours.modules())

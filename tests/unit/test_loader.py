@@ -117,13 +117,25 @@ def _tiny_hf_model(kind: str):
                 layer.self_attn.q_norm.weight.normal_(1.0, 0.3)
                 layer.self_attn.k_norm.weight.normal_(1.0, 0.3)
         return model
-    if kind == "gemma3":
-        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    if kind in ("gemma2", "gemma3"):
+        from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
 
-        config = Gemma3TextConfig(
-            **TINY, head_dim=32, sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=48
-        )
-        model = Gemma3ForCausalLM(config)
+        if kind == "gemma3":
+            config = Gemma3TextConfig(
+                **TINY, head_dim=32, sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=48
+            )
+            model = Gemma3ForCausalLM(config)
+        else:
+            config = Gemma2Config(
+                **TINY,
+                head_dim=32,
+                sliding_window=8,
+                query_pre_attn_scalar=48,
+                attn_logit_softcapping=2.0,
+                final_logit_softcapping=3.0,
+            )
+            config._attn_implementation = "eager"  # soft-capping is written out in eager attention
+            model = Gemma2ForCausalLM(config)
         with torch.no_grad():  # Gemma's norm weights start at zero (x * (1 + w)): make them matter
             for name, param in model.named_parameters():
                 if name.endswith("norm.weight"):
@@ -147,7 +159,9 @@ def _tiny_hf_model(kind: str):
     return Qwen2ForCausalLM(Qwen2Config(**TINY, tie_word_embeddings=True))
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama_rope_scaled_tied", "qwen2", "qwen3", "mistral_swa", "gemma3"])
+@pytest.mark.parametrize(
+    "kind", ["llama", "llama_rope_scaled_tied", "qwen2", "qwen3", "mistral_swa", "gemma2", "gemma3"]
+)
 def test_hf_dir_logits_match_transformers(kind: str, tmp_path) -> None:
     hf = _tiny_hf_model(kind).eval()
     if kind == "qwen2":  # random init leaves biases at zero; make them matter
@@ -162,8 +176,10 @@ def test_hf_dir_logits_match_transformers(kind: str, tmp_path) -> None:
 
     ours, config = load_model(str(tmp_path), torch.float32, progress=False)
     assert config.attention_bias == (kind == "qwen2")
-    assert config.architecture == {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}.get(kind, "llama")
-    assert config.sliding_window == (8 if kind in ("mistral_swa", "gemma3") else 0)
+    assert config.architecture == {"qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3"}.get(
+        kind, "llama"
+    )
+    assert config.sliding_window == (8 if kind in ("mistral_swa", "gemma2", "gemma3") else 0)
     ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         expected = hf(torch.tensor([ids])).logits[0].float()

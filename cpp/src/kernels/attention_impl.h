@@ -61,6 +61,14 @@ __attribute__((always_inline)) inline void pv_group(float* acc, const float* p, 
     for (int j = 0; j < kP; ++j) vstore(acc + g * kP * 16 + 16 * j, a[g][j]);
 }
 
+// Logit soft-capping (Gemma 2) in the kernels' log2 domain: c * tanh(s / c), c = cap * log2(e),
+// tanh(u) = (e^2u - 1) / (e^2u + 1) from vexp2 (saturating to +-1 where e^2u over- or underflows).
+inline F16 vsoftcap(const F16& s, float c) {
+  const F16 e = vexp2(vmul(s, vset1(2.0f * 1.4426950408889634f / c)));
+  const F16 one = vset1(1.0f);
+  return vmul(vset1(c), vdiv(vsub(e, one), vadd(e, one)));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decode: chunks of up to 16 keys inside one block; for each KV head, its G query rows. Scores come
 // from per-token dot-product packs summed by one transposing reduction (vsum16); K and V rows are
@@ -132,7 +140,8 @@ void decode_impl(const DecodeWork& w) {
           for (int32_t t = n; t < 16; ++t) part[g * 16 + t] = vzero();
           // A token of a several-token item sees the chunk up to its own end (maybe none of it).
           const int32_t seen = w.token_key_end ? w.token_key_end[(g0 + g) / w.heads_per_token] - pos : n;
-          const F16 s = vmask_tail(vsum16(part + g * 16), seen < n ? seen : n);
+          const F16 raw = vsum16(part + g * 16);
+          const F16 s = vmask_tail(w.softcap > 0.0f ? vsoftcap(raw, w.softcap) : raw, seen < n ? seen : n);
           vstore(pbuf + 16 * (g0 + g), online_update(s, &w.m[row], lsum + row * 16, w.acc + row * D, D));
         }
       }
@@ -242,7 +251,9 @@ void extend_impl(const ExtendWork& w) {
         const int32_t visible = w.first_pos + row / G - pos + 1;  // keys of the chunk this row sees
         const int32_t valid = visible < n ? visible : n;
         F16 sm[kChunkPacks];
-        for (int32_t c = 0; c < kChunkPacks; ++c) sm[c] = vmask_tail(s[r][c], valid - 16 * c);
+        for (int32_t c = 0; c < kChunkPacks; ++c) {
+          sm[c] = vmask_tail(w.softcap > 0.0f ? vsoftcap(s[r][c], w.softcap) : s[r][c], valid - 16 * c);
+        }
         const int32_t below = w.window > 0 ? w.first_pos + row / G - w.window + 1 - pos : 0;
         if (below > 0) {  // keys of the chunk under this row's window: probability 0
           alignas(64) float tmp[kChunk];

@@ -41,6 +41,7 @@ struct DecodeWork {
   int32_t key_begin = 0, key_end = 0;  // key_end > key_begin
   int32_t heads_per_token = 1;
   const int32_t* token_key_end = nullptr;  // [G / heads_per_token] or nullptr
+  float softcap = 0.0f;  // > 0: scores become softcap * tanh(score / softcap) (log2 domain; Gemma 2)
   float* acc = nullptr;  // [H * G, head_dim] out, unnormalized
   float* m = nullptr;    // [H * G] out
   float* l = nullptr;    // [H * G] out
@@ -56,6 +57,7 @@ struct ExtendWork {
   int32_t num_queries = 0;  // >= 1
   int32_t first_pos = 0;
   int32_t window = 0;        // 0: none
+  float softcap = 0.0f;      // as DecodeWork::softcap
   const float* q = nullptr;  // [num_queries * G, head_dim], pre-scaled
   float* acc = nullptr;      // [rows, head_dim] out, unnormalized
   float* m = nullptr;        // [rows] out

@@ -16,6 +16,7 @@ inline void vstore(float* p, const F16& a) { _mm512_storeu_ps(p, a.v); }
 inline F16 vadd(const F16& a, const F16& b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline F16 vsub(const F16& a, const F16& b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline F16 vmul(const F16& a, const F16& b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline F16 vdiv(const F16& a, const F16& b) { return {_mm512_div_ps(a.v, b.v)}; }
 inline F16 vmax(const F16& a, const F16& b) { return {_mm512_max_ps(a.v, b.v)}; }
 inline F16 vfma(const F16& a, const F16& b, const F16& c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline __m256 hi256(__m512 x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)); }

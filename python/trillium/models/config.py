@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Architectures the Llama-family module implements; loaders map file-specific names onto these.
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 
 # File-name suffixes that name a quantization or dtype, not the model (llama.cpp conventions).
 _QUANT_SUFFIX = re.compile(
@@ -43,9 +43,12 @@ class ModelConfig:
     # layers listed in `sliding_layers` (None: every layer); 0: full attention everywhere.
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] | None = None
-    # Gemma 3: the softmax scale (None: head_dim ** -0.5) and the sliding layers' own RoPE base.
+    # Gemma: the softmax scale (None: head_dim ** -0.5), the sliding layers' own RoPE base (Gemma 3),
+    # and soft-capping of attention scores and of the final logits (Gemma 2; 0: none).
     attn_scale: float | None = None
     rope_local_theta: float | None = None
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
     # Llama-3 style rope scaling as in HF config.json ({"rope_type": "llama3", "factor": ...}), or
     # None. "linear" and "llama3" are implemented; anything else is rejected by validate().
     rope_scaling: dict[str, Any] | None = field(default=None)

@@ -8,8 +8,8 @@ from trillium.models.llama import LlamaForCausalLM
 
 def causal_lm_class(config: ModelConfig) -> type[LlamaForCausalLM]:
     """The class to build for ``config.architecture`` (validated by ``ModelConfig.validate``)."""
-    if config.architecture == "gemma3":
-        from trillium.models.gemma import Gemma3ForCausalLM
+    if config.architecture in ("gemma2", "gemma3"):
+        from trillium.models.gemma import GemmaForCausalLM
 
-        return Gemma3ForCausalLM
+        return GemmaForCausalLM
     return LlamaForCausalLM

@@ -1,11 +1,14 @@
-"""Gemma 3 text decoder over the paged KV cache: the Llama-family model with Gemma's differences.
+"""Gemma 2 and Gemma 3 text decoders over the paged KV cache: the Llama-family model with Gemma's
+differences.
 
     embeddings scaled by sqrt(hidden)
     per layer: h = norm_in(x); a = post_attn_norm(attn(h)); x += a
                h = pre_ffn_norm(x); m = post_ffn_norm(down(gelu_tanh(gate(h)) * up(h))); x += m
-    attention: q/k heads RMS-normed before RoPE (as Qwen3), softmax scale query_pre_attn_scalar^-1/2,
-               local layers slide over the last `sliding_window` positions with their own RoPE
-               base; every `pattern`-th layer is global (full attention, the main RoPE base)
+    attention: softmax scale query_pre_attn_scalar^-1/2; local layers slide over the last
+               `sliding_window` positions; every `pattern`-th layer is global (full attention)
+    Gemma 3:   q/k heads RMS-normed before RoPE (as Qwen3); local layers have their own RoPE base
+    Gemma 2:   scores soft-capped (cap * tanh(s / cap)) in the attention kernels, and the final
+               logits too; every other layer slides
 
 Norm weights are used as they are: Gemma computes ``x_normed * (1 + w)``, and the loaders hand over
 ``1 + w`` (llama.cpp's converter already stores it so; the Hugging Face loader adds the 1). Weights
@@ -39,7 +42,7 @@ class GemmaMLP(nn.Module):
         return out
 
 
-class Gemma3DecoderLayer(nn.Module):
+class GemmaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, window: int) -> None:
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
@@ -74,14 +77,14 @@ class Gemma3DecoderLayer(nn.Module):
         return out, residual
 
 
-class Gemma3ForCausalLM(LlamaForCausalLM):
-    """Gemma 3 (text): see the module docstring. Loading, quantized weights, KV pools and logits
+class GemmaForCausalLM(LlamaForCausalLM):
+    """Gemma 2 and 3 (text): see the module docstring. Loading, quantized weights, KV pools and logits
     are the Llama model's."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__(config, dtype)
         self.layers = nn.ModuleList(
-            Gemma3DecoderLayer(config, dtype, config.window_of(i)) for i in range(config.num_layers)
+            GemmaDecoderLayer(config, dtype, config.window_of(i)) for i in range(config.num_layers)
         )
         self.fused_layers = False  # the C++ stack runs Llama's layer shape only
         # Local (sliding) layers rotate with their own base; global ones with the main one.
@@ -92,7 +95,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     @classmethod
     def empty(cls, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> LlamaForCausalLM:
         model = super().empty(config, dtype, device)
-        assert isinstance(model, Gemma3ForCausalLM)
+        assert isinstance(model, GemmaForCausalLM)
         model.rotary_local.build(inv_freq=None, device=device)
         return model
 
@@ -113,7 +116,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         rope_local = self.rotary_local.for_step(positions, hidden.dtype)
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            assert isinstance(layer, Gemma3DecoderLayer)
+            assert isinstance(layer, GemmaDecoderLayer)
             rope = rope_local if layer.self_attn.window else rope_global
             hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
         normed: torch.Tensor

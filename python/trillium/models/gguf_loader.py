@@ -31,15 +31,17 @@ _ARCHITECTURES = {
     "llama": ("llama", True),
     "qwen2": ("qwen2", False),
     "qwen3": ("qwen3", False),
+    "gemma2": ("gemma2", False),
     "gemma3": ("gemma3", False),
 }
-# Gemma 3 names its four norms per layer differently (llama.cpp's ffn_norm is Gemma's pre-FFN norm).
-_GEMMA3_LAYER_NAMES = {
+# Gemma names its four norms per layer differently (llama.cpp's ffn_norm is Gemma's pre-FFN norm).
+_GEMMA_LAYER_NAMES = {
     "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
-GEMMA3_SLIDING_PATTERN = 6  # every 6th layer global, as llama.cpp reads Gemma 3 files
+# Every n-th layer global, as llama.cpp reads Gemma files that do not say.
+GEMMA_SLIDING_PATTERN = {"gemma2": 2, "gemma3": 6}
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -89,8 +91,8 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
     vocab = md.get(f"{arch}.vocab_size") or len(md.get("tokenizer.ggml.tokens", ()))
     sliding_window = int(md.get(f"{arch}.attention.sliding_window") or 0)
     sliding_layers = None
-    if arch == "gemma3" and sliding_window:
-        pattern = int(md.get(f"{arch}.attention.sliding_window_pattern") or GEMMA3_SLIDING_PATTERN)
+    if arch in GEMMA_SLIDING_PATTERN and sliding_window:
+        pattern = int(md.get(f"{arch}.attention.sliding_window_pattern") or GEMMA_SLIDING_PATTERN[arch])
         sliding_layers = tuple(i for i in range(int(get("block_count"))) if (i + 1) % pattern)
     rope_scaling = None
     scaling_type = md.get(f"{arch}.rope.scaling.type")
@@ -117,6 +119,8 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
         sliding_window=sliding_window,
         sliding_layers=sliding_layers,
         rope_local_theta=10000.0 if arch == "gemma3" else None,
+        attn_softcap=float(md.get(f"{arch}.attn_logit_softcapping") or 0.0),
+        final_softcap=float(md.get(f"{arch}.final_logit_softcapping") or 0.0),
         rope_scaling=rope_scaling,
     )
 
@@ -137,7 +141,7 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     mapping does not know."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    names = {**_LAYER_NAMES, **_GEMMA3_LAYER_NAMES} if arch == "gemma3" else _LAYER_NAMES
+    names = {**_LAYER_NAMES, **_GEMMA_LAYER_NAMES} if arch.startswith("gemma") else _LAYER_NAMES
     match = _LAYER_TENSOR.fullmatch(gguf_name)
     if match is None or match.group(2) not in names:
         return None

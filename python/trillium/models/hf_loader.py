@@ -24,6 +24,7 @@ _ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
 }
 _MODEL_TYPES = {
@@ -31,6 +32,7 @@ _MODEL_TYPES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
 }
 
@@ -78,32 +80,27 @@ def read_config(path: str) -> ModelConfig:
         sliding_layers=sliding_layers,
         rope_scaling=rope_scaling,
     )
-    return dataclasses.replace(config, **_gemma3_fields(cfg)) if arch == "gemma3" else config
+    return dataclasses.replace(config, **_gemma_fields(cfg, arch)) if arch.startswith("gemma") else config
 
 
-def _gemma3_fields(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Gemma 3's settings (ValueError for what the model does not implement): q/k norms, the
-    softmax scale, sliding layers (every `sliding_window_pattern`-th global) with their own RoPE
-    base, and the global layers' RoPE."""
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if cfg.get(key) is not None:
-            raise ValueError(f"gemma3: {key} is not supported")
+def _gemma_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """Gemma 2 / 3 settings (ValueError for what the model does not implement): the softmax scale,
+    sliding layers (every `sliding_window_pattern`-th global), Gemma 3's q/k norms and local RoPE
+    base, Gemma 2's soft-capping."""
     if cfg.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
-        raise ValueError(f"gemma3: hidden_activation {cfg.get('hidden_activation')!r} is not supported")
+        raise ValueError(f"{arch}: hidden_activation {cfg.get('hidden_activation')!r} is not supported")
     layers = cfg["num_hidden_layers"]
+    pattern = int(cfg.get("sliding_window_pattern", 6 if arch == "gemma3" else 2))
     types = cfg.get("layer_types") or [
-        "sliding_attention" if (i + 1) % int(cfg.get("sliding_window_pattern", 6)) else "full_attention"
-        for i in range(layers)
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
     ]
     params = cfg.get("rope_parameters") or {}
-    full = params.get("full_attention") or {
-        "rope_theta": cfg.get("rope_theta", 1_000_000.0),
-        **(cfg.get("rope_scaling") or {}),
-    }
-    local = params.get("sliding_attention") or {"rope_theta": cfg.get("rope_local_base_freq", 10000.0)}
+    base = params.get("rope_theta", cfg.get("rope_theta", 1_000_000.0 if arch == "gemma3" else 10000.0))
+    full = params.get("full_attention") or {"rope_theta": base, **(cfg.get("rope_scaling") or {})}
+    local = params.get("sliding_attention") or {"rope_theta": cfg.get("rope_local_base_freq", full["rope_theta"])}
     scaling = full if full.get("rope_type", full.get("type")) not in (None, "default") else None
     return {
-        "qk_norm": True,
+        "qk_norm": arch == "gemma3",
         "attn_scale": float(cfg.get("query_pre_attn_scalar", cfg.get("head_dim", 256))) ** -0.5,
         "sliding_window": int(cfg.get("sliding_window") or 0),
         "sliding_layers": tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
@@ -111,6 +108,8 @@ def _gemma3_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         "rope_local_theta": float(local["rope_theta"]),
         "rope_scaling": scaling,
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "attn_softcap": float(cfg.get("attn_logit_softcapping") or 0.0),
+        "final_softcap": float(cfg.get("final_logit_softcapping") or 0.0),
     }
 
 
@@ -145,7 +144,7 @@ def load_hf_model(
     config = read_config(path)
     model = causal_lm_class(config).empty(config, dtype, device)
     weights = iter_weights(path, dtype, progress, f"Loading {config.name}")
-    if config.architecture == "gemma3":
+    if config.architecture.startswith("gemma"):
         # Gemma's norms compute x_normed * (1 + w); the model takes 1 + w (as GGUF files store it).
         weights = ((n, t + 1 if n.endswith("norm.weight") else t) for n, t in weights)
     model.load_weights((n, t.to(device)) for n, t in weights)

@@ -61,6 +61,7 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, window: int = 0) -> None:
         super().__init__()
         self.window = window  # > 0: sliding-window attention in this layer
+        self.softcap = config.attn_softcap  # > 0: scores soft-capped (Gemma 2)
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -97,7 +98,7 @@ class LlamaAttention(nn.Module):
         q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)  # views [T, H*, D]
         k_cache, v_cache = kv_cache
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, meta, self.scale, window=self.window)  # [T, Hq, D]
+        out = paged_attention(q, k_cache, v_cache, meta, self.scale, window=self.window, softcap=self.softcap)
         projected: torch.Tensor = self.o_proj(out.to(hidden.dtype).reshape(num_tokens, self.q_size))
         return projected
 
@@ -274,9 +275,14 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
         if self.quant_head is not None:
-            return quant_linear(hidden, self.quant_head, int8_activations=self.int8_activations)
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+            logits = quant_linear(hidden, self.quant_head, int8_activations=self.int8_activations)
+        else:
+            weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+            logits = F.linear(hidden, weight).float()
+        cap = self.config.final_softcap
+        if cap > 0:  # Gemma 2: logits soft-capped to (-cap, cap)
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     @property
     def is_quantized(self) -> bool:

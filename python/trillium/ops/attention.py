@@ -142,12 +142,14 @@ def paged_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [T, Hq, D], written in full
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:  # [T, Hq, D] in the cache dtype (or out's dtype)
     """Causal attention of each new token over its request's KV (this step's K/V already stored).
 
     New token i of request r sits at absolute position ``context_len - query_len + i`` and sees
     KV positions ``<=`` its own -- and with ``window`` > 0 (sliding-window attention; CPU only)
-    positions ``>`` its own minus ``window``. Hq must be a multiple of Hkv (grouped-query attention) and
+    positions ``>`` its own minus ``window``. ``softcap`` > 0 (Gemma 2; CPU only) caps each score
+    ``s = scale * q.k`` to ``softcap * tanh(s / softcap)`` before the softmax. Hq must be a multiple of Hkv (grouped-query attention) and
     head_dim a multiple of 16 (CUDA: 64, 128 or 256). Softmax and accumulation in fp32; the result
     is in the cache dtype, or written into ``out`` (float32 or bfloat16, last dimension
     contiguous) and returned. ValueError on mismatched shapes, dtypes or devices, or (CPU)
@@ -172,14 +174,22 @@ def paged_attention(
         return out
     decode = meta.max_query_len == 1
     if on_cuda:
-        if window:
-            raise ValueError("sliding-window attention runs on the CPU kernels only")
+        if window or softcap:
+            raise ValueError("sliding-window attention and soft-capping run on the CPU kernels only")
         _cuda_module().paged_attention(
             query_spec, out_spec, cache, batch, float(scale), decode, meta.max_query_len, _cuda_stream(query)
         )
     else:
         _core.paged_attention(
-            query_spec, out_spec, cache, batch, float(scale), torch.get_num_threads(), decode, int(window)
+            query_spec,
+            out_spec,
+            cache,
+            batch,
+            float(scale),
+            torch.get_num_threads(),
+            decode,
+            int(window),
+            float(softcap),
         )
     return out
 

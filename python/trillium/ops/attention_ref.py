@@ -38,16 +38,18 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:  # [T, Hq, D] in the cache dtype
     """Causal attention of each new token over its request's KV (this step's K/V already stored).
 
     New token i of request r sits at absolute position ``context_len - query_len + i`` and sees
-    KV positions ``<= `` its own (and, with ``window`` > 0, ``>`` its own minus ``window``). Hq
-    must be a multiple of Hkv (grouped-query attention). Computes in the cache dtype.
+    KV positions ``<= `` its own (and, with ``window`` > 0, ``>`` its own minus ``window``); with
+    ``softcap`` > 0 each score ``s`` becomes ``softcap * tanh(s / softcap)``. Hq must be a
+    multiple of Hkv (grouped-query attention). Computes in the cache dtype.
     """
     query = query.to(k_cache.dtype)
-    if window > 0:
-        return _window_attention(query, k_cache, v_cache, meta, scale, window)
+    if window > 0 or softcap > 0:
+        return _masked_attention(query, k_cache, v_cache, meta, scale, window, softcap)
     if meta.is_decode_only:
         return _decode_attention(query, k_cache, v_cache, meta, scale)
     return _mixed_attention(query, k_cache, v_cache, meta, scale)
@@ -143,26 +145,34 @@ def _mixed_attention(
     return out
 
 
-def _window_attention(
+def _masked_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
     window: int,
+    softcap: float,
 ) -> torch.Tensor:
-    """Sliding-window attention: one SDPA call per request with an explicit [n, ctx] mask."""
+    """Sliding windows and soft-capped scores: per request, the scores written out (SDPA has no
+    soft-capping), an explicit [n, ctx] mask, softmax, times V."""
     out = torch.empty_like(query)
+    group = query.shape[1] // k_cache.shape[2]
     start = 0
     for r, (query_len, context_len) in enumerate(zip(meta.query_lens, meta.context_lens_list)):
         rows = torch.arange(context_len - query_len, context_len)[:, None]  # absolute positions [n, 1]
         keys = torch.arange(context_len)[None, :]
-        mask = (keys <= rows) & (keys > rows - window)  # [n, ctx]
+        mask = keys <= rows
+        if window > 0:
+            mask &= keys > rows - window  # [n, ctx]
         slots = _context_slots(meta, r, context_len)
-        k = _gather(k_cache, slots).transpose(0, 1)  # [Hkv, ctx, D]
-        v = _gather(v_cache, slots).transpose(0, 1)
+        k = _gather(k_cache, slots).transpose(0, 1).repeat_interleave(group, 0)  # [Hq, ctx, D]
+        v = _gather(v_cache, slots).transpose(0, 1).repeat_interleave(group, 0)
         q = query[start : start + query_len].transpose(0, 1)  # [Hq, n, D]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[start : start + query_len] = o.transpose(0, 1)
+        scores = (q @ k.transpose(1, 2)) * scale  # [Hq, n, ctx]
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        out[start : start + query_len] = (probs @ v).transpose(0, 1)
         start += query_len
     return out

@@ -53,6 +53,7 @@ struct PagedAttentionArgs {
 
   float scale = 1.0f;   // softmax scale, usually 1/sqrt(head_dim)
   int32_t window = 0;   // > 0: sliding-window attention, a token at position p sees keys (p - window, p]
+  float softcap = 0.0f; // > 0: each score s = scale * q.k becomes softcap * tanh(s / softcap) (Gemma 2)
   int num_threads = 0;  // 0: the OpenMP default
 };
 
