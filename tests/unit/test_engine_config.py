@@ -51,3 +51,17 @@ def test_dense_weights_keep_the_auto_dtype(path):
 def test_asking_for_quantized_weights_where_they_cannot_run_names_the_flag(path):
     with pytest.raises(ValueError, match="--weights quantized"):
         resolve_weights(EngineConfig(dtype="bf16", weights="quantized"), path)
+
+
+def test_k_quant_files_are_served_quantized_but_not_with_int8_activations(tmp_path):
+    """A Q4_K_M-style file (K-quants, Q5_0, Q8_0, ...): --weights auto keeps it quantized; int8
+    activations take 4- and 8-bit codes with per-block scales only, and saying so names the flag."""
+    from tests.tiny_gguf import build
+
+    path = str(tmp_path / "tiny-qwen3.gguf")
+    build("qwen3", tmp_path / "tiny-qwen3.gguf")
+    if not can_run_quantized(path, torch.float32)[0]:
+        pytest.skip("no SIMD quantized kernel on this CPU")
+    assert resolve_weights(EngineConfig(), path).weights == "quantized"
+    with pytest.raises(ValueError, match="--weights quantized-int8: int8 activations take"):
+        resolve_weights(EngineConfig(dtype="fp32", weights="quantized-int8"), path)

@@ -190,14 +190,14 @@ def _kernel_tensors(gguf: GGUFFile) -> tuple[list[GGUFTensor], list[GGUFTensor]]
 
 def supports_quantized(path: str, int8_activations: bool = False) -> bool:
     """Whether every projection and the head of the GGUF file is of a type the quantized kernel
-    takes (``int8_activations``: of a 4- or 8-bit type, all the integer loops take)."""
+    takes (``int8_activations``: Q4_0, Q4_1 or Q8_0, what the integer loops take)."""
     from trillium.models.gguf_quant import BITS
 
     projections, head = _kernel_tensors(GGUFFile(path))
     tensors = projections + head
     if not projections or not all(t.qtype in BITS for t in tensors):
         return False
-    return not int8_activations or all(BITS[QT(t.qtype)] in (4, 8) for t in tensors)
+    return not int8_activations or all(QT(t.qtype) in (QT.Q4_0, QT.Q4_1, QT.Q8_0) for t in tensors)
 
 
 def _quantized_names(gguf: GGUFFile, embed_quantized: bool) -> frozenset[str]:
