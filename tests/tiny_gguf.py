@@ -151,8 +151,8 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
     writer.add_vocab_size(cfg.vocab_size)
     if getattr(cfg, "sliding_window", None):
         writer.add_sliding_window(cfg.sliding_window)
-    if arch == "gemma3":
-        writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+    if arch == "gemma3":  # newer converters write one flag per layer (True: sliding)
+        writer.add_array("gemma3.attention.sliding_window_pattern", [True, False])
     if arch == "gemma2":  # llama.cpp's keys; its default pattern for Gemma 2 is every other layer
         writer.add_float32("gemma2.attn_logit_softcapping", cfg.attn_logit_softcapping)
         writer.add_float32("gemma2.final_logit_softcapping", cfg.final_logit_softcapping)

@@ -61,7 +61,10 @@ Status norm(const DecoderLayerWeights& w, const DecoderStepArgs& s, const float*
 // qkv [T, qkv_width]: rotate q and k in place, store k and v, attend with q into attn [T, q_width].
 Status attention(const DecoderLayerWeights& w, const DecoderStepArgs& s, float* qkv, float* attn) {
   const int64_t width = qkv_width(w);
-  if (w.q_norm && w.k_norm) {
+  if ((w.q_norm == nullptr) != (w.k_norm == nullptr)) {
+    return Status::InvalidArgument("decoder_layer: q_norm and k_norm are given together or not at all");
+  }
+  if (w.q_norm) {
     // Per-head norms, in place: a token's q heads (then its k heads) are rows of D floats.
     for (int64_t t = 0; t < s.num_tokens; ++t) {
       for (int which = 0; which < 2; ++which) {

@@ -3,14 +3,15 @@
 // states and writes the output in its dtype.
 //
 // Work items:
-//   decode  (request, key range, tokens)    ranges of >= kMinSplitKeys keys, block-aligned; the last
+//   decode  (request, key range, tokens)    ranges of >= kMinSplitKeys keys (block multiples, from
+//                                           key 0 or a sliding window's first key); the last
 //                                           range of a token to finish merges them all; a
 //                                           request's several tokens share one item's K/V reads
 //   extend  (request, KV head, query tile)  tiles of ~kTileRows query rows (tokens x G heads);
 //                                           requests of <= kMaxDecodeRowsQuery new tokens run
 //                                           each token as a decode row instead
-// A decode row's split depends on its context length alone, so a token's attention is the same
-// bits in every kind of step (see split_len_for).
+// A decode row's split depends on its context length (and the layer's window) alone, so a token's
+// attention is the same bits in every kind of step (see split_len_for).
 #include "trillium/kernels/paged_attention.h"
 
 #include <algorithm>
@@ -77,7 +78,7 @@ Status validate(const PagedAttentionArgs& a, bool decode) {
     return bad("block_size must be > 0 and num_blocks, num_requests, num_tokens >= 0");
   }
   if (a.window < 0) return bad("window must be >= 0 (0: none), got " + std::to_string(a.window));
-  if (!(a.softcap >= 0.0f)) return bad("softcap must be >= 0 (0: none)");
+  if (!(a.softcap >= 0.0f) || std::isinf(a.softcap)) return bad("softcap must be finite and >= 0 (0: none)");
   if (decode && a.num_tokens != a.num_requests) {
     return bad("decode needs one token per request, got " + std::to_string(a.num_tokens) + " tokens for " +
                std::to_string(a.num_requests) + " requests");

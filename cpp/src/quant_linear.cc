@@ -75,6 +75,11 @@ inline int32_t packed_code(const QuantWeightView& w, int64_t g, int64_t c, int64
   return low;
 }
 
+// The min that no mins stand for, as the SIMD paths compute it (+0 for 8 bits, not -0 * scale).
+inline float symmetric_min(int32_t bits, float scale) {
+  return bits == 8 ? 0.0f : -kernels::quant_symmetric_offset(bits) * scale;
+}
+
 // Scale and min of weight (column c of group g, k): the format's symmetric min without mins.
 inline void packed_scale_min(const QuantWeightView& w, int64_t g, int64_t c, int64_t k, float* scale, float* min) {
   const int64_t nb = w.in_features / kQuantBlock, sb = kernels::quant_scale_blocks(w.bits);
@@ -84,11 +89,11 @@ inline void packed_scale_min(const QuantWeightView& w, int64_t g, int64_t c, int
     const float sub = w.bits == 6 ? static_cast<float>(static_cast<int8_t>(w.sub_scales[at])) : w.sub_scales[at];
     *scale = w.scales[sup] * sub;
     *min = w.mins ? w.mins[sup] * static_cast<float>(w.sub_scales[kernels::quant_sub_min_offset(w) + at])
-                  : -kernels::quant_symmetric_offset(w.bits) * *scale;
+                  : symmetric_min(w.bits, *scale);
     return;
   }
   *scale = w.scales[at];
-  *min = w.mins ? w.mins[at] : -kernels::quant_symmetric_offset(w.bits) * w.scales[at];
+  *min = w.mins ? w.mins[at] : symmetric_min(w.bits, w.scales[at]);
 }
 
 void gemm_portable(const QuantActs& a, const QuantWeightView& w, int64_t row_begin, int64_t row_end,

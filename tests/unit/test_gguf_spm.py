@@ -100,16 +100,20 @@ def test_space_prefix_follows_the_file(tmp_path, prefix) -> None:
     assert ours.decode(ours.encode("the thing")) == "the thing"
 
 
-def test_turn_markers_give_a_chat_template_and_stop_generation(tmp_path) -> None:
-    """A Gemma-style file without a chat template: its <start_of_turn>/<end_of_turn> control tokens
-    give Gemma's turn format, and <end_of_turn> ends generation as <eos> does (as llama.cpp reads it)."""
+@pytest.mark.parametrize("end_type", [3, 4], ids=["control", "user-defined"])
+def test_turn_markers_give_a_chat_template_and_stop_generation(tmp_path, end_type) -> None:
+    """A Gemma-style file without a chat template: its <start_of_turn>/<end_of_turn> tokens give
+    Gemma's turn format, and <end_of_turn> ends generation as <eos> does and is never shown as
+    text -- also where the file stores it as a plain user-defined token (llama.cpp corrects that)."""
     tokens, scores, types = _vocab(random.Random(0))
     tokens += ["<start_of_turn>", "<end_of_turn>"]
     scores += [0.0, 0.0]
-    types += [3, 3]
+    types += [3, end_type]
     _write(tmp_path / "turns.gguf", tokens, scores, types, add_space_prefix=False)
     ours = load_tokenizer(str(tmp_path / "turns.gguf"))
-    assert ours.eos_token_ids == {2, tokens.index("<end_of_turn>")}
+    end = tokens.index("<end_of_turn>")
+    assert ours.eos_token_ids == {2, end}
+    assert ours.decode([tokens.index("the"), end]) == "the"
     messages = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "hi"},

@@ -43,12 +43,12 @@ TRILLIUM_PORTABLE_BINOP(vmul, a.v[i] * b.v[i])
 TRILLIUM_PORTABLE_BINOP(vmax, a.v[i] > b.v[i] ? a.v[i] : b.v[i])
 #undef TRILLIUM_PORTABLE_BINOP
 
-// a * b + c
 inline F16 vdiv(const F16& a, const F16& b) {
   F16 r;
   for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] / b.v[i];
   return r;
 }
+// a * b + c
 inline F16 vfma(const F16& a, const F16& b, const F16& c) {
   F16 r;
   for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] * b.v[i] + c.v[i];

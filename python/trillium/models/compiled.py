@@ -96,6 +96,9 @@ class DecodeWeights(NamedTuple):
                              f"{model.embed_tokens.weight.device}")  # fmt: skip
         if model.quant_embed is not None:
             raise ValueError("compiled decode reads a dense token table; this model keeps it quantized")
+        c = model.config
+        if type(model) is not LlamaForCausalLM or c.qk_norm or c.sliding_window or c.attn_scale or c.attn_softcap:
+            raise ValueError("compiled decode runs Llama's plain layer: no q/k norms, windows, scales or caps")
         cfg = model.config
         decoder_layers = [layer for layer in model.layers if isinstance(layer, LlamaDecoderLayer)]
         layers = tuple(

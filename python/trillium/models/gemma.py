@@ -43,8 +43,9 @@ class GemmaMLP(nn.Module):
 
 
 class GemmaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, window: int) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, window: int, local: bool) -> None:
         super().__init__()
+        self.local = local  # a local (sliding) layer: Gemma 3 rotates it with the local RoPE base
         h, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = RMSNorm(h, eps, dtype)
         self.self_attn = LlamaAttention(config, dtype, window)
@@ -77,6 +78,13 @@ class GemmaDecoderLayer(nn.Module):
         return out, residual
 
 
+def _is_local(config: ModelConfig, layer: int) -> bool:
+    """Whether ``layer`` is one of the local (sliding) layers, whatever the window's size."""
+    if config.sliding_layers is not None:
+        return layer in config.sliding_layers
+    return config.window_of(layer) > 0
+
+
 class GemmaForCausalLM(LlamaForCausalLM):
     """Gemma 2 and 3 (text): see the module docstring. Loading, quantized weights, KV pools and logits
     are the Llama model's."""
@@ -84,7 +92,8 @@ class GemmaForCausalLM(LlamaForCausalLM):
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__(config, dtype)
         self.layers = nn.ModuleList(
-            GemmaDecoderLayer(config, dtype, config.window_of(i)) for i in range(config.num_layers)
+            GemmaDecoderLayer(config, dtype, config.window_of(i), _is_local(config, i))
+            for i in range(config.num_layers)
         )
         self.fused_layers = False  # the C++ stack runs Llama's layer shape only
         # Local (sliding) layers rotate with their own base; global ones with the main one.
@@ -117,7 +126,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             assert isinstance(layer, GemmaDecoderLayer)
-            rope = rope_local if layer.self_attn.window else rope_global
+            rope = rope_local if layer.local else rope_global
             hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
         normed: torch.Tensor
         normed, _ = self.norm(hidden, residual)

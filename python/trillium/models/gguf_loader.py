@@ -92,8 +92,11 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
     sliding_window = int(md.get(f"{arch}.attention.sliding_window") or 0)
     sliding_layers = None
     if arch in GEMMA_SLIDING_PATTERN and sliding_window:
-        pattern = int(md.get(f"{arch}.attention.sliding_window_pattern") or GEMMA_SLIDING_PATTERN[arch])
-        sliding_layers = tuple(i for i in range(int(get("block_count"))) if (i + 1) % pattern)
+        pattern = md.get(f"{arch}.attention.sliding_window_pattern") or GEMMA_SLIDING_PATTERN[arch]
+        if isinstance(pattern, list):  # newer converters write one flag per layer
+            sliding_layers = tuple(i for i, sliding in enumerate(pattern) if sliding)
+        else:
+            sliding_layers = tuple(i for i in range(int(get("block_count"))) if (i + 1) % int(pattern))
     rope_scaling = None
     scaling_type = md.get(f"{arch}.rope.scaling.type")
     if scaling_type not in (None, "none"):
@@ -119,10 +122,20 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
         sliding_window=sliding_window,
         sliding_layers=sliding_layers,
         rope_local_theta=10000.0 if arch == "gemma3" else None,
+        attn_scale=_gemma_attn_scale(arch, int(get("block_count")), hidden, num_heads),
         attn_softcap=float(md.get(f"{arch}.attn_logit_softcapping") or 0.0),
         final_softcap=float(md.get(f"{arch}.final_logit_softcapping") or 0.0),
         rope_scaling=rope_scaling,
     )
+
+
+def _gemma_attn_scale(arch: str, layers: int, hidden: int, heads: int) -> float | None:
+    """Gemma's softmax scale where it is not head_dim ** -0.5. GGUF files do not store
+    query_pre_attn_scalar; the 27B models (46 layers for Gemma 2, 62 for Gemma 3) use hidden / heads,
+    the others head_dim, as llama.cpp reads them."""
+    if (arch, layers) in (("gemma2", 46), ("gemma3", 62)):
+        return float((hidden // heads) ** -0.5)
+    return None
 
 
 def unpermute_qk(w: np.ndarray, num_heads: int) -> np.ndarray:

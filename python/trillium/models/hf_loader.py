@@ -57,7 +57,7 @@ def read_config(path: str) -> ModelConfig:
     sliding_layers = None
     if window and cfg.get("layer_types"):  # transformers >= 5 lists each layer's attention
         sliding_layers = tuple(i for i, t in enumerate(cfg["layer_types"]) if t == "sliding_attention")
-    elif window and arch == "qwen2":  # Qwen2 slides from layer max_window_layers on
+    elif window and arch in ("qwen2", "qwen3"):  # Qwen2/3 slide from layer max_window_layers on
         sliding_layers = tuple(range(int(cfg.get("max_window_layers", 0)), cfg["num_hidden_layers"]))
     config = ModelConfig(
         architecture=arch,
@@ -145,7 +145,11 @@ def load_hf_model(
     model = causal_lm_class(config).empty(config, dtype, device)
     weights = iter_weights(path, dtype, progress, f"Loading {config.name}")
     if config.architecture.startswith("gemma"):
-        # Gemma's norms compute x_normed * (1 + w); the model takes 1 + w (as GGUF files store it).
-        weights = ((n, t + 1 if n.endswith("norm.weight") else t) for n, t in weights)
+        # Gemma's norms compute x_normed * (1 + w); the model takes 1 + w (as GGUF files store it),
+        # added in fp32 before the weights' dtype rounds it, as Gemma does.
+        weights = (
+            (n, t) if not n.endswith("norm.weight") else (n, (t.float() + 1).to(dtype))
+            for n, t in iter_weights(path, torch.float32, progress, f"Loading {config.name}")
+        )
     model.load_weights((n, t.to(device)) for n, t in weights)
     return model.eval(), config

@@ -174,7 +174,8 @@ def paged_attention(
         return out
     decode = meta.max_query_len == 1
     if on_cuda:
-        if window or softcap:
+        if (window and meta.max_context_len > window) or softcap:
+            # Inside the window sliding attention is full attention; past it the CUDA kernels lack it.
             raise ValueError("sliding-window attention and soft-capping run on the CPU kernels only")
         _cuda_module().paged_attention(
             query_spec, out_spec, cache, batch, float(scale), decode, meta.max_query_len, _cuda_stream(query)

@@ -21,6 +21,8 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from trillium.tokenizer.gguf_vocab import END_OF_TURN_TOKENS
+
 TOKEN_TYPE_NORMAL = 1
 TOKEN_TYPE_UNKNOWN = 2
 TOKEN_TYPE_CONTROL = 3
@@ -52,7 +54,9 @@ def build_spm_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
     """
     raw_tokens: list[str] = metadata["tokenizer.ggml.tokens"]
     types: list[int] = list(metadata.get("tokenizer.ggml.token_type") or [TOKEN_TYPE_NORMAL] * len(raw_tokens))
-    tokens = [SPACE * len(t) if t and not t.strip(" ") else t for t in raw_tokens]
+    present = set(raw_tokens)
+    # A piece stored as real spaces is looked up as the ▁ run it matches (unless that run is a piece too).
+    tokens = [SPACE * len(t) if t and not t.strip(" ") and SPACE * len(t) not in present else t for t in raw_tokens]
     prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
     vocab = {token: i for i, token in enumerate(tokens)}
     mergeable = [kind in (TOKEN_TYPE_NORMAL, TOKEN_TYPE_USER_DEFINED) for kind in types]
@@ -76,12 +80,12 @@ def build_spm_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
     special = [
         AddedToken(tok, special=True, normalized=False)
         for tok, kind in zip(tokens, types, strict=True)
-        if kind == TOKEN_TYPE_CONTROL and tok
+        if (kind == TOKEN_TYPE_CONTROL or tok in END_OF_TURN_TOKENS) and tok
     ]
     user = [
         AddedToken(tok, special=False, normalized=False)
         for tok, kind in zip(tokens, types, strict=True)
-        if kind == TOKEN_TYPE_USER_DEFINED and tok
+        if kind == TOKEN_TYPE_USER_DEFINED and tok and tok not in END_OF_TURN_TOKENS
     ]
     if special:
         tokenizer.add_special_tokens(special)

@@ -17,6 +17,10 @@ log = logging.getLogger(__name__)
 TOKEN_TYPE_CONTROL = 3  # llama.cpp token attribute: special tokens such as <|im_end|>
 TOKEN_TYPE_USER_DEFINED = 4  # added tokens matched whole in text but not special
 
+# Tokens whose only job is to end a turn: special (never shown as text) and an end of generation
+# whatever type the file gives them -- llama.cpp corrects files that store them as plain tokens.
+END_OF_TURN_TOKENS = frozenset({"<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>"})
+
 # The trailing "|\s+" (HF's ByteLevel regex; llama.cpp omits it) changes nothing under an
 # "isolated" split, which keeps unmatched text as its own piece anyway.
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -104,12 +108,12 @@ def build_gguf_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
     special = [
         AddedToken(tok, special=True, normalized=False)
         for tok, kind in zip(tokens, token_types)
-        if kind == TOKEN_TYPE_CONTROL and set(tok) <= allowed
+        if (kind == TOKEN_TYPE_CONTROL or tok in END_OF_TURN_TOKENS) and set(tok) <= allowed
     ]
     user = [
         AddedToken(tok, special=False, normalized=False)
         for tok, kind in zip(tokens, token_types)
-        if kind == TOKEN_TYPE_USER_DEFINED and tok in vocab
+        if kind == TOKEN_TYPE_USER_DEFINED and tok in vocab and tok not in END_OF_TURN_TOKENS
     ]
     if special:
         tokenizer.add_special_tokens(special)

@@ -14,11 +14,9 @@ from typing import Any
 from tokenizers import Tokenizer as _HFTokenizer
 
 from trillium.tokenizer.chat_template import fallback_template, render_chat_template
+from trillium.tokenizer.gguf_vocab import END_OF_TURN_TOKENS
 
 log = logging.getLogger(__name__)
-
-# Control tokens whose only job is to end a turn: generation stops there (llama.cpp does the same).
-END_OF_TURN_TOKENS = frozenset({"<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>"})
 
 # Fill-in-the-middle special tokens: Qwen2.5-Coder's, then StarCoder's (prefix, suffix, middle).
 _FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
@@ -76,10 +74,9 @@ class Tokenizer:
         md = GGUFFile(path).metadata
         arch = md.get("general.architecture", "")
         tokens = md["tokenizer.ggml.tokens"]
-        types = md.get("tokenizer.ggml.token_type") or []
-        # Control tokens that end a turn end generation, as llama.cpp treats them, even where the
-        # file names no eot id (a Gemma file's <end_of_turn>).
-        end_of_turn = [i for i, (t, k) in enumerate(zip(tokens, types)) if k == 3 and t in END_OF_TURN_TOKENS]
+        # Tokens that end a turn end generation, as llama.cpp treats them, even where the file names
+        # no eot id (a Gemma file's <end_of_turn>) or stores them as plain tokens.
+        end_of_turn = [i for i, t in enumerate(tokens) if t in END_OF_TURN_TOKENS]
         eot = [md[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in md]
         template = md.get("tokenizer.chat_template")
         fallback = template is None

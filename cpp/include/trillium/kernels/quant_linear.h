@@ -147,8 +147,8 @@ Status quant_linear_parts(const QuantLinearArgs& args, const QuantWeightParts& w
 
 // Dequantize whole rows of W (output features): out[i][0 .. K) = W[rows[i]][0 .. K), the same fp32
 // values the exact path multiplies with. An embedding lookup over a quantized token table: the
-// table is a weight [vocab, hidden]. kInvalidArgument for a row outside [0, N) (nothing written
-// past the rows before it) or bad sizes.
+// table is a weight [vocab, hidden]. kInvalidArgument (nothing written) for a row outside [0, N)
+// or bad sizes.
 Status quant_linear_dequantize_rows(const QuantWeightView& weight, const int64_t* rows, int64_t num_rows,
                                     float* out, int64_t out_stride, int num_threads = 0);
 
