@@ -42,8 +42,8 @@ def test_cli_table_and_json(capsys):
 def test_an_unsupported_architecture_is_named(tmp_path, capsys):
     import gguf
 
-    path = str(tmp_path / "tiny-gemma2.gguf")
-    writer = gguf.GGUFWriter(path, "gemma2")
+    path = str(tmp_path / "tiny-phi3.gguf")
+    writer = gguf.GGUFWriter(path, "phi3")
     writer.add_block_count(1)
     writer.add_context_length(128)
     writer.add_embedding_length(8)
@@ -55,7 +55,7 @@ def test_an_unsupported_architecture_is_named(tmp_path, capsys):
     writer.write_tensors_to_file()
     writer.close()
     info = describe(path)
-    assert not info["supported"] and "gemma2" in info["problem"]
+    assert not info["supported"] and "phi3" in info["problem"]
     assert info["parameters"] == 128 and info["quantization"]["F32"]["tensors"] == 1
     assert main(["inspect", path]) == 1
     assert "NOT SUPPORTED" in capsys.readouterr().out
