@@ -184,17 +184,19 @@ inline __m256i quad_codes(const uint8_t* wb, int quad) {
   } else {
     const __m256i low = _mm256_set1_epi8(0x0F);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + (quad & 3) * 32));
-    __m256i c = quad < 4 ? _mm256_and_si256(v, low) : _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-    if constexpr (BITS == 5) {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128));
-      const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(h, quad), _mm256_set1_epi8(0x01));
-      c = _mm256_or_si256(c, _mm256_slli_epi16(bit, 4));
-    } else if constexpr (BITS == 6) {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128 + (quad >> 2) * 32));
-      const __m256i bits = _mm256_and_si256(_mm256_srli_epi16(h, 2 * (quad & 3)), _mm256_set1_epi8(0x03));
-      c = _mm256_or_si256(c, _mm256_slli_epi16(bits, 4));
+    const __m256i c = quad < 4 ? _mm256_and_si256(v, low) : _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    if constexpr (BITS == 4) {
+      return c;
+    } else {
+      // The high bits of this quad moved to bits 4 (5: bit `quad`) or 4-5 (6: bits 2 (quad % 4)) of
+      // each byte with one 16-bit shift and a mask: bits crossing into the next byte land below bit
+      // 4 there and are masked off.
+      const int from = BITS == 5 ? quad : 2 * (quad & 3);  // where the bits sit in the plane's byte
+      const __m256i h = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(wb + 128 + (BITS == 6 ? (quad >> 2) * 32 : 0)));
+      const __m256i moved = from <= 4 ? _mm256_slli_epi16(h, 4 - from) : _mm256_srli_epi16(h, from - 4);
+      return _mm256_or_si256(c, _mm256_and_si256(moved, _mm256_set1_epi8(BITS == 5 ? 0x10 : 0x30)));
     }
-    return c;
   }
 }
 
