@@ -253,7 +253,12 @@ def vllm_command(port: int, slots: int, model: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ trillium
+# Set by --trillium-speculation: run trillium with its default n-gram speculation instead of off.
+SPECULATION = {"on": False}
+
+
 def trillium_command(port: int, slots: int, model: str) -> list[str]:
+    speculation = [] if SPECULATION["on"] else ["--speculative-config", "off"]
     return [
         os.path.join(ROOT, ".venv", "bin", "trillium"),
         "serve",
@@ -268,9 +273,8 @@ def trillium_command(port: int, slots: int, model: str) -> list[str]:
         "--kv-cache-gib",
         "2",
         # The engine's own per-token cost, comparable across rounds; bench/speculative.py measures
-        # the n-gram speculation trillium runs by default.
-        "--speculative-config",
-        "off",
+        # the n-gram speculation trillium runs by default (--trillium-speculation keeps it on here).
+        *speculation,
     ]
 
 
@@ -508,6 +512,11 @@ def main() -> None:
         "--model", default=None, help="GGUF file both trillium and llama.cpp serve (default: the embedded one)"
     )
     c.add_argument(
+        "--trillium-speculation",
+        action="store_true",
+        help="serve trillium with its default n-gram speculation (lossless) instead of --speculative-config off",
+    )
+    c.add_argument(
         "--client",
         choices=["trillium", "vllm"],
         default="trillium",
@@ -526,6 +535,7 @@ def main() -> None:
         {"llama.cpp": setup_llama_cpp, "vllm": setup_vllm, "models": setup_models}[args.engine]()
     else:
         args.model = os.path.abspath(args.model) if args.model else default_gguf()
+        SPECULATION["on"] = args.trillium_speculation
         compare(args)
 
 
