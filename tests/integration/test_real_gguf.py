@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.paged import prefill_and_greedy
 from trillium.models import load_model
 from trillium.models.gguf_file import GGUFFile
 from trillium.models.gguf_quant import SUPPORTED
-from trillium.ops.attention import AttentionMetadata
 from trillium.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,23 +38,6 @@ FILES = _files()
 pytestmark = pytest.mark.skipif(not FILES, reason="no real GGUF file here (TRILLIUM_REAL_GGUF or .peers/qwen-coder)")
 PROMPTS = ["def quicksort(arr):", "The three primary colors are", "import json\n\nwith open('data.json') as f:"]
 TEXT = "def f(x):\n    if x <= 1:\n\treturn 'Zürich café 日本語 😀'  # two  spaces, 1234567890 !@#$%"
-BLOCK = 16
-
-
-def _greedy(model, prompt: list[int], steps: int) -> tuple[torch.Tensor, list[int]]:
-    total = len(prompt) + steps
-    blocks = -(-total // BLOCK)
-    kv = model.allocate_kv_caches(blocks + 1, BLOCK)
-    table = list(range(1, blocks + 1))
-    with torch.inference_mode():
-        meta = AttentionMetadata.build([len(prompt)], [len(prompt)], [table], BLOCK)
-        logits = model.compute_logits(model(torch.tensor(prompt), torch.arange(len(prompt)), kv, meta))
-        out = [int(logits[-1].argmax())]
-        for pos in range(len(prompt), total - 1):
-            meta = AttentionMetadata.build([1], [pos + 1], [table], BLOCK)
-            step = model.compute_logits(model(torch.tensor([out[-1]]), torch.tensor([pos]), kv, meta))
-            out.append(int(step[-1].argmax()))
-    return logits, out
 
 
 @pytest.mark.parametrize("path", FILES, ids=os.path.basename)
@@ -74,7 +57,7 @@ def test_real_file_served_quantized_matches_transformers(path):
     ).eval()
     for text in PROMPTS:
         prompt = tokenizer.encode(text)
-        logits, tokens = _greedy(ours, prompt, 32)
+        logits, tokens = prefill_and_greedy(ours, prompt, 32)
         with torch.inference_mode():
             expected = hf(torch.tensor([prompt])).logits[0].float()
             reference = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[0, len(prompt) :]

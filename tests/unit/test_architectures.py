@@ -16,13 +16,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.paged import prefill_and_greedy
 from tests.tiny_gguf import build
 from trillium.models import load_model
 from trillium.models.llama import QuantLinear
-from trillium.ops.attention import AttentionMetadata
 
 KINDS = ["llama", "llama3", "mistral", "mistral_swa", "qwen2", "qwen3", "gemma2", "gemma3"]
-BLOCK = 16
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -30,23 +29,6 @@ def tiny(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param) / f"tiny-{request.param}.gguf"
     hf = build(request.param, path, seed=hash(request.param) % 1000)
     return request.param, str(path), hf
-
-
-def _greedy(model, prompt: list[int], steps: int) -> tuple[torch.Tensor, list[int]]:
-    """Prompt logits [n, V] (one extend step), then ``steps`` greedy tokens decoded one at a time."""
-    total = len(prompt) + steps
-    blocks = -(-total // BLOCK)
-    kv = model.allocate_kv_caches(blocks + 1, BLOCK)
-    table = list(range(blocks, 0, -1))  # reversed ids, block 0 unused
-    with torch.inference_mode():
-        meta = AttentionMetadata.build([len(prompt)], [len(prompt)], [table], BLOCK)
-        logits = model.compute_logits(model(torch.tensor(prompt), torch.arange(len(prompt)), kv, meta))
-        out = [int(logits[-1].argmax())]
-        for pos in range(len(prompt), total - 1):
-            meta = AttentionMetadata.build([1], [pos + 1], [table], BLOCK)
-            step = model.compute_logits(model(torch.tensor([out[-1]]), torch.tensor([pos]), kv, meta))
-            out.append(int(step[-1].argmax()))
-    return logits, out
 
 
 @pytest.mark.parametrize("quantized", [False, True], ids=["dense", "quantized"])
@@ -61,7 +43,7 @@ def test_gguf_matches_transformers(tiny, quantized):
         assert any(isinstance(m, QuantLinear) and len(m.parts) == 2 for m in ours.modules())
         assert ours.quant_head is not None and ours.quant_embed is not None
     prompt = torch.randint(0, config.vocab_size, (24,), generator=torch.Generator().manual_seed(7)).tolist()
-    logits, tokens = _greedy(ours, prompt, 32)
+    logits, tokens = prefill_and_greedy(ours, prompt, 32)
     with torch.inference_mode():
         expected = hf(torch.tensor([prompt])).logits[0].float()
         reference = hf.generate(

@@ -9,25 +9,16 @@ import pytest
 import torch
 
 from tests.hf_oracle import hf_reference_dir  # noqa: F401  (fixture)
+from tests.paged import prefill_and_greedy
 from trillium.models import ModelConfig, default_model_path, load_model
 from trillium.models.config import served_name
 from trillium.models.gguf_file import GGUFFile
 from trillium.models.gguf_loader import read_config, unpermute_qk
-from trillium.ops.attention import AttentionMetadata
 
 
 def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """convert_hf_to_gguf.py's LlamaModel.permute, verbatim in shape logic."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _paged_logits(model, ids: list[int], block_size: int = 16) -> torch.Tensor:  # [n, V]
-    n = len(ids)
-    kv = model.allocate_kv_caches(-(-n // block_size) + 1, block_size)
-    table = list(range(-(-n // block_size), 0, -1))  # reversed ids, block 0 unused
-    meta = AttentionMetadata.build([n], [n], [table], block_size, "cpu")
-    with torch.inference_mode():
-        return model.compute_logits(model(torch.tensor(ids), torch.arange(n), kv, meta))
 
 
 def test_gguf_config_of_default_model() -> None:
@@ -183,7 +174,7 @@ def test_hf_dir_logits_match_transformers(kind: str, tmp_path) -> None:
     ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         expected = hf(torch.tensor([ids])).logits[0].float()
-    torch.testing.assert_close(_paged_logits(ours, ids), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(prefill_and_greedy(ours, ids)[0], expected, rtol=1e-4, atol=1e-4)
 
 
 def test_unsupported_architecture_is_named(tmp_path) -> None:
