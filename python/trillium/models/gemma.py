@@ -25,16 +25,12 @@ from torch import nn
 
 from trillium.models.config import ModelConfig
 from trillium.models.layers import RMSNorm, RopeStep, RotaryEmbedding
-from trillium.models.llama import KVCache, LlamaAttention, LlamaForCausalLM, _linear
+from trillium.models.llama import KVCache, LlamaAttention, LlamaForCausalLM, LlamaMLP
 from trillium.ops.attention import AttentionMetadata
 
 
-class GemmaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.intermediate_size = config.intermediate_size
-        self.gate_up_proj: nn.Module = _linear(config.hidden_size, 2 * config.intermediate_size, False, dtype)
-        self.down_proj: nn.Module = _linear(config.intermediate_size, config.hidden_size, False, dtype)
+class GemmaMLP(LlamaMLP):
+    """Llama's fused gate/up and down projections, with GELU (tanh approximation) for SiLU."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -91,15 +87,14 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__(config, dtype)
-        self.layers = nn.ModuleList(
-            GemmaDecoderLayer(config, dtype, config.window_of(i), _is_local(config, i))
-            for i in range(config.num_layers)
-        )
         self.fused_layers = False  # the C++ stack runs Llama's layer shape only
         # Local (sliding) layers rotate with their own base; global ones with the main one.
         self.rotary_local = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_local_theta or config.rope_theta, None
         )
+
+    def _make_layer(self, config: ModelConfig, dtype: torch.dtype, index: int) -> nn.Module:
+        return GemmaDecoderLayer(config, dtype, config.window_of(index), _is_local(config, index))
 
     @classmethod
     def empty(cls, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> LlamaForCausalLM:

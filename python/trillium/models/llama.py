@@ -170,9 +170,7 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.embed_tokens.requires_grad_(False)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, config.window_of(i)) for i in range(config.num_layers)
-        )
+        self.layers = nn.ModuleList(self._make_layer(config, dtype, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = (
             None if config.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, False, dtype)
@@ -187,6 +185,10 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
+
+    def _make_layer(self, config: ModelConfig, dtype: torch.dtype, index: int) -> nn.Module:
+        """Decoder layer ``index`` (a family whose layers differ overrides this)."""
+        return LlamaDecoderLayer(config, dtype, config.window_of(index))
 
     @classmethod
     def empty(cls, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> LlamaForCausalLM:
