@@ -10,6 +10,7 @@
 
 #include "bindings.h"
 #include "kernel_args.h"
+#include "quant_weight.h"
 #include "status.h"
 #include "trillium/kernels/decoder_layer.h"
 
@@ -24,15 +25,8 @@ using WeightTuple =
     std::tuple<int64_t, int64_t, int32_t, std::uintptr_t, std::uintptr_t, std::uintptr_t, std::uintptr_t>;
 
 QuantWeightView to_view(const WeightTuple& t) {
-  QuantWeightView v;
-  v.out_features = std::get<0>(t);
-  v.in_features = std::get<1>(t);
-  v.bits = std::get<2>(t);
-  v.codes = from_address<const void>(std::get<3>(t));
-  v.scales = from_address<const float>(std::get<4>(t));
-  v.mins = from_address<const float>(std::get<5>(t));
-  v.sub_scales = from_address<const uint8_t>(std::get<6>(t));
-  return v;
+  return quant_weight_view(std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t), std::get<4>(t),
+                           std::get<5>(t), std::get<6>(t));
 }
 
 // A fused projection's parts (quant_linear.h): one to kMaxQuantParts weights.

@@ -9,6 +9,7 @@
 
 #include "bindings.h"
 #include "kernel_args.h"
+#include "quant_weight.h"
 #include "status.h"
 #include "trillium/kernels/quant_linear.h"
 
@@ -69,13 +70,7 @@ void bind_quant_linear(py::module_& m) {
       [](int64_t out_features, int64_t in_features, int32_t bits, std::uintptr_t codes, std::uintptr_t scales,
          std::uintptr_t mins, std::uintptr_t sub_scales, std::uintptr_t rows, int64_t num_rows, std::uintptr_t out,
          int64_t out_stride, int num_threads) {
-        const QuantWeightView w{out_features,
-                                in_features,
-                                bits,
-                                from_address<const void>(codes),
-                                from_address<const float>(scales),
-                                from_address<const float>(mins),
-                                from_address<const uint8_t>(sub_scales)};
+        const QuantWeightView w = quant_weight_view(out_features, in_features, bits, codes, scales, mins, sub_scales);
         run_without_gil([&] {
           return quant_linear_dequantize_rows(w, from_address<const int64_t>(rows), num_rows, from_address<float>(out),
                                               out_stride, num_threads);
@@ -94,13 +89,7 @@ void bind_quant_linear(py::module_& m) {
         a.x = from_address<const float>(x);
         a.num_rows = num_rows;
         a.x_stride = x_stride;
-        a.weight = QuantWeightView{out_features,
-                                   in_features,
-                                   bits,
-                                   from_address<const void>(codes),
-                                   from_address<const float>(scales),
-                                   from_address<const float>(mins),
-                                   from_address<const uint8_t>(sub_scales)};
+        a.weight = quant_weight_view(out_features, in_features, bits, codes, scales, mins, sub_scales);
         a.bias = from_address<const float>(bias);
         a.out = from_address<float>(out);
         a.out_stride = out_stride;
