@@ -88,6 +88,7 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
             raise ValueError(f"{gguf.path}: per-layer KV head counts {set(num_kv_heads)} are not supported")
         num_kv_heads = num_kv_heads[0]
     hidden = int(get("embedding_length"))
+    layers = int(get("block_count"))
     vocab = md.get(f"{arch}.vocab_size") or len(md.get("tokenizer.ggml.tokens", ()))
     sliding_window = int(md.get(f"{arch}.attention.sliding_window") or 0)
     sliding_layers = None
@@ -96,7 +97,7 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
         if isinstance(pattern, list):  # newer converters write one flag per layer
             sliding_layers = tuple(i for i, sliding in enumerate(pattern) if sliding)
         else:
-            sliding_layers = tuple(i for i in range(int(get("block_count"))) if (i + 1) % int(pattern))
+            sliding_layers = tuple(i for i in range(layers) if (i + 1) % int(pattern))
     rope_scaling = None
     scaling_type = md.get(f"{arch}.rope.scaling.type")
     if scaling_type not in (None, "none"):
@@ -106,7 +107,7 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
     return ModelConfig(
         architecture=_ARCHITECTURES[arch][0],
         name=served_name(os.path.basename(gguf.path)),
-        num_layers=int(get("block_count")),
+        num_layers=layers,
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
         num_heads=num_heads,
@@ -122,7 +123,7 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
         sliding_window=sliding_window,
         sliding_layers=sliding_layers,
         rope_local_theta=10000.0 if arch == "gemma3" else None,
-        attn_scale=_gemma_attn_scale(arch, int(get("block_count")), hidden, num_heads),
+        attn_scale=_gemma_attn_scale(arch, layers, hidden, num_heads),
         attn_softcap=float(md.get(f"{arch}.attn_logit_softcapping") or 0.0),
         final_softcap=float(md.get(f"{arch}.final_logit_softcapping") or 0.0),
         rope_scaling=rope_scaling,
@@ -204,9 +205,13 @@ def _kernel_tensors(gguf: GGUFFile) -> tuple[list[GGUFTensor], list[GGUFTensor]]
 def supports_quantized(path: str, int8_activations: bool = False) -> bool:
     """Whether every projection and the head of the GGUF file is of a type the quantized kernel
     takes (``int8_activations``: Q4_0, Q4_1 or Q8_0, what the integer loops take)."""
+    return _supports_quantized(GGUFFile(path), int8_activations)
+
+
+def _supports_quantized(gguf: GGUFFile, int8_activations: bool) -> bool:
     from trillium.models.gguf_quant import BITS
 
-    projections, head = _kernel_tensors(GGUFFile(path))
+    projections, head = _kernel_tensors(gguf)
     tensors = projections + head
     if not projections or not all(t.qtype in BITS for t in tensors):
         return False
@@ -247,7 +252,7 @@ def load_gguf_model(
 
         if dtype != torch.float32 or torch.device(device).type != "cpu":
             raise ValueError("quantized weights run on fp32 CPU activations only")
-        if not supports_quantized(path, int8_activations):
+        if not _supports_quantized(gguf, int8_activations):
             kinds = "Q4_0/Q4_1/Q8_0" if int8_activations else "of a quantized-kernel type"
             raise ValueError(f"{path}: some projections are not {kinds}; load it dense")
         permuted = _ARCHITECTURES[gguf.metadata["general.architecture"]][1]

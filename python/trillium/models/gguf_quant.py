@@ -38,19 +38,11 @@ from trillium.ops.quant_linear import QuantWeight, symmetric_offset
 BlockCodes = tuple[np.ndarray, np.ndarray, np.ndarray, int]
 TWO_LEVEL = frozenset({QT.Q4_K, QT.Q5_K, QT.Q6_K})
 
-SUPPORTED = {
-    QT.Q4_0: "Q4_0",
-    QT.Q4_1: "Q4_1",
-    QT.Q5_0: "Q5_0",
-    QT.Q5_1: "Q5_1",
-    QT.Q8_0: "Q8_0",
-    QT.Q4_K: "Q4_K",
-    QT.Q5_K: "Q5_K",
-    QT.Q6_K: "Q6_K",
-}
+# The types the kernel takes, with their code widths.
+BITS = {QT.Q4_0: 4, QT.Q4_1: 4, QT.Q5_0: 5, QT.Q5_1: 5, QT.Q8_0: 8, QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
+SUPPORTED = {qtype: qtype.name for qtype in BITS}
 # Types whose mins are -offset * scale: packed without mins (the kernel derives them).
 SYMMETRIC = frozenset({QT.Q4_0, QT.Q5_0, QT.Q6_K, QT.Q8_0})
-BITS = {QT.Q4_0: 4, QT.Q4_1: 4, QT.Q5_0: 5, QT.Q5_1: 5, QT.Q8_0: 8, QT.Q4_K: 4, QT.Q5_K: 5, QT.Q6_K: 6}
 
 # What the fused projections and the head are built from, in row order.
 _PROJECTIONS = {
@@ -124,31 +116,21 @@ class Blocks:
             mins = np.repeat(self.min, 8, axis=1) * self.sub_min.astype(np.float32)
         return self.codes, scale.astype(np.float32), mins.astype(np.float32), self.bits
 
+    def _tensors(self) -> list[torch.Tensor | None]:
+        return [None if a is None else torch.from_numpy(np.ascontiguousarray(a)) for a in self._arrays()]
+
     def pack(self) -> QuantWeight:
-        codes = torch.from_numpy(np.ascontiguousarray(self.codes))
-        mins = None if self.min is None else torch.from_numpy(np.ascontiguousarray(self.min))
-        if not self.two_level:
-            return QuantWeight.pack(codes, torch.from_numpy(np.ascontiguousarray(self.scale)), mins, self.bits)
-        assert self.sub_scale is not None
-        return QuantWeight.pack_two_level(
-            codes,
-            torch.from_numpy(np.ascontiguousarray(self.scale)),
-            mins,
-            torch.from_numpy(np.ascontiguousarray(self.sub_scale)),
-            None if self.sub_min is None else torch.from_numpy(np.ascontiguousarray(self.sub_min)),
-            self.bits,
-        )
+        codes, scale, mins, sub_scale, sub_min = self._tensors()
+        assert codes is not None and scale is not None
+        if sub_scale is None:
+            return QuantWeight.pack(codes, scale, mins, self.bits)
+        return QuantWeight.pack_two_level(codes, scale, mins, sub_scale, sub_min, self.bits)
 
     def pack_into(self, weight: QuantWeight, row: int) -> None:
         """These rows into ``weight`` (made by ``QuantWeight.empty`` for this format) at ``row``."""
-        weight.pack_rows(
-            row,
-            torch.from_numpy(np.ascontiguousarray(self.codes)),
-            torch.from_numpy(np.ascontiguousarray(self.scale)),
-            None if self.min is None else torch.from_numpy(np.ascontiguousarray(self.min)),
-            None if self.sub_scale is None else torch.from_numpy(np.ascontiguousarray(self.sub_scale)),
-            None if self.sub_min is None else torch.from_numpy(np.ascontiguousarray(self.sub_min)),
-        )
+        codes, scale, mins, sub_scale, sub_min = self._tensors()
+        assert codes is not None and scale is not None
+        weight.pack_rows(row, codes, scale, mins, sub_scale, sub_min)
 
 
 _CHUNK_WEIGHTS = 1 << 22  # decoded at a time: the decoding's temporaries stay a few MB
@@ -317,8 +299,3 @@ def read_quant_weights(gguf: GGUFFile, config: ModelConfig, permuted: bool) -> d
         if packed_embed is not None:
             out["embed_tokens"] = packed_embed
     return out
-
-
-def kernel_bits(gguf: GGUFFile) -> set[int]:
-    """The code widths the file's kernel-type tensors would be packed with."""
-    return {BITS[QT(t.qtype)] for t in gguf.tensors if t.qtype in BITS}
