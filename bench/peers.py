@@ -105,7 +105,8 @@ def served_name(path: str) -> str:
     return name(os.path.basename(path))
 
 
-def llama_cpp_command(port: int, slots: int, model: str) -> list[str]:
+def llama_cpp_command(port: int, slots: int, args: argparse.Namespace) -> list[str]:
+    model = args.model
     # Continuous batching with one slot per concurrent stream; each slot gets the full context
     # (--ctx-size is shared by the slots); all cores.
     ctx = 2048 * slots
@@ -228,8 +229,8 @@ def export_hf() -> None:
     shutil.copytree(built, HF_EXPORT, dirs_exist_ok=True)
 
 
-def vllm_command(port: int, slots: int, model: str) -> list[str]:
-    if model != default_gguf():
+def vllm_command(port: int, slots: int, args: argparse.Namespace) -> list[str]:
+    if args.model != default_gguf():
         raise SystemExit("the vLLM peer serves the exported default model only (omit --model)")
     return [
         os.path.join(VLLM_VENV, "bin", "python"),
@@ -253,17 +254,13 @@ def vllm_command(port: int, slots: int, model: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ trillium
-# Set by --trillium-speculation: run trillium with its default n-gram speculation instead of off.
-SPECULATION = {"on": False}
-
-
-def trillium_command(port: int, slots: int, model: str) -> list[str]:
-    speculation = [] if SPECULATION["on"] else ["--speculative-config", "off"]
+def trillium_command(port: int, slots: int, args: argparse.Namespace) -> list[str]:
+    speculation = [] if args.trillium_speculation else ["--speculative-config", "off"]
     return [
         os.path.join(ROOT, ".venv", "bin", "trillium"),
         "serve",
         "--model",
-        model,
+        args.model,
         "--port",
         str(port),
         "--max-running",
@@ -355,7 +352,7 @@ def compare(args) -> None:
     for engine in args.engines:
         port = args.port
         check_port_free(port)
-        cmd = ENGINES[engine](port, slots, args.model)
+        cmd = ENGINES[engine](port, slots, args)
         log = open(os.path.join(PEERS if os.path.isdir(PEERS) else "/tmp", f"{engine}.log"), "w")  # noqa: SIM115  # the engine's log while it runs
         env = {**os.environ, **ENV.get(engine, {})}
         print(f"== {engine}: {' '.join(cmd)}", file=sys.stderr, flush=True)
@@ -535,7 +532,6 @@ def main() -> None:
         {"llama.cpp": setup_llama_cpp, "vllm": setup_vllm, "models": setup_models}[args.engine]()
     else:
         args.model = os.path.abspath(args.model) if args.model else default_gguf()
-        SPECULATION["on"] = args.trillium_speculation
         compare(args)
 
 
