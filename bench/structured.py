@@ -257,7 +257,6 @@ def cmd_coverage(args, tokenizer, vocab_size: int) -> None:
 def cmd_e2e(args, llm) -> None:
     import jsonschema
 
-    from trillium import SamplingParams
     from trillium.protocol import StructuredOutputs
     from trillium.structured import GrammarError
 
@@ -265,7 +264,7 @@ def cmd_e2e(args, llm) -> None:
     rng = random.Random(args.seed)
     cases = load_cases(None)
     rng.shuffle(cases)
-    chosen, skipped = [], {"compile": 0, "prompt_too_long": 0, "validator": 0}
+    chosen, skipped = [], {"compile": 0, "prompt_too_long": 0, "validator": 0, "shortest_output_over_max_tokens": 0}
     for subset, name, case in cases:
         if len(chosen) == args.count:
             break
@@ -276,9 +275,12 @@ def cmd_e2e(args, llm) -> None:
             skipped["validator"] += 1  # the validator itself cannot judge outputs for it
             continue
         try:
-            compiler.compile(StructuredOutputs(json=schema))
+            grammar = compiler.compile(StructuredOutputs(json=schema))
         except GrammarError:
             skipped["compile"] += 1
+            continue
+        if grammar.min_output_tokens > args.max_tokens:
+            skipped["shortest_output_over_max_tokens"] += 1
             continue
         prompt = [
             {
@@ -291,23 +293,50 @@ def cmd_e2e(args, llm) -> None:
             skipped["prompt_too_long"] += 1
             continue
         chosen.append((subset, name, schema, prompt))
+    results = {}
+    for close in (False, True):  # the same schemas, without and with closing, in one run
+        results["closed" if close else "cut"] = _e2e_run(llm, args, chosen, close)
+    print(
+        json.dumps(
+            {
+                "schemas": len(chosen),
+                "skipped": skipped,
+                "max_tokens": args.max_tokens,
+                "repetition_penalty": args.repetition_penalty,
+                **results,
+            }
+        ),
+        flush=True,
+    )
+
+
+def _e2e_run(llm, args, chosen, close: bool) -> dict:
+    """Generate for every chosen schema; the share of outputs that validate and how they ended."""
+    import jsonschema
+
+    from trillium import SamplingParams
+    from trillium.protocol import StructuredOutputs
+
     params = [
         SamplingParams(
             max_tokens=args.max_tokens,
             temperature=0.0,
             repetition_penalty=args.repetition_penalty,
             structured=StructuredOutputs(json=s),
+            close_structured_output=close,
         )
         for _, _, s, _ in chosen
     ]
+    forced_before = llm.engine.client.stats()["num_forced_tokens"]
     start = time.perf_counter()
     outputs = llm.chat([p for *_, p in chosen], params)
     seconds = time.perf_counter() - start
-    valid = stopped = 0
+    valid = stopped = closed = 0
     per_subset: dict[str, list[int]] = {}
     for (subset, _, schema, _), out in zip(chosen, outputs):
         ok = False
         stopped += out.finish_reason == "stop"
+        closed += out.closed_early
         try:
             jsonschema.validate(json.loads(out.text), schema)
             ok = True
@@ -319,26 +348,17 @@ def cmd_e2e(args, llm) -> None:
         per_subset.setdefault(subset, [0, 0])
         per_subset[subset][0] += 1
         per_subset[subset][1] += ok
-    stats = llm.engine.client.stats()
-    print(
-        json.dumps(
-            {
-                "schemas": len(chosen),
-                "skipped": skipped,
-                "valid": valid,
-                "valid_pct": round(100 * valid / len(chosen), 1),
-                "finish_stop": stopped,
-                "finish_length": len(chosen) - stopped,
-                "max_tokens": args.max_tokens,
-                "repetition_penalty": args.repetition_penalty,
-                "per_subset": {k: {"n": n, "valid": v} for k, (n, v) in per_subset.items()},
-                "completion_tokens": sum(len(o.token_ids) for o in outputs),
-                "forced_tokens": stats["num_forced_tokens"],
-                "seconds": round(seconds, 1),
-            }
-        ),
-        flush=True,
-    )
+    return {
+        "valid": valid,
+        "valid_pct": round(100 * valid / len(chosen), 1),
+        "finish_stop": stopped,
+        "finish_length": len(chosen) - stopped,
+        "closed_early": closed,
+        "per_subset": {k: {"n": n, "valid": v} for k, (n, v) in per_subset.items()},
+        "completion_tokens": sum(len(o.token_ids) for o in outputs),
+        "forced_tokens": llm.engine.client.stats()["num_forced_tokens"] - forced_before,
+        "seconds": round(seconds, 1),
+    }
 
 
 # ---- step time with and without constraints -----------------------------------------------------

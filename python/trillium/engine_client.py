@@ -247,6 +247,8 @@ class EngineClient:
         if (sampling.structured is None) != (grammar is None):
             raise ValueError("a constrained request needs its compiled grammar (and only it)")
         sampling.check_vocab(self.model_config.vocab_size)  # SamplingParamError (a ValueError)
+        if grammar is not None:
+            grammar.check_allowance(sampling)  # SamplingParamError
         self.check_admission(tenant)
         mailbox: Mailbox[TokenDelta] = Mailbox(merge_deltas)
         message = AddRequest(
@@ -326,6 +328,7 @@ class StreamOutput:
     # One (chosen logprob, [(token id, logprob)] best first) per new token id, when asked.
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
+    closed_early: bool = False  # with LENGTH: the JSON output was closed before max_tokens (TokenDelta)
 
 
 class RequestStream:
@@ -406,7 +409,9 @@ class RequestStream:
         elif reason is not None:
             text += self._stop.flush()
         self.finish_reason = reason
-        return StreamOutput(text, delta.token_ids, reason, delta.error, delta.logprobs, prompt_logprobs)
+        return StreamOutput(
+            text, delta.token_ids, reason, delta.error, delta.logprobs, prompt_logprobs, delta.closed_early
+        )
 
     def _time_tokens(self, num_tokens: int) -> None:
         now = time.monotonic()

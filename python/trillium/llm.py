@@ -33,6 +33,8 @@ class RequestOutput:
     # With ``SamplingParams(prompt_logprobs=k)``: per prompt token, (its logprob given the tokens
     # before it, [(token id, logprob)] of the k most likely there, best first); None for the first.
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
+    # finish_reason "length" with a JSON constraint: the structure was closed before max_tokens.
+    closed_early: bool = False
 
 
 class LLM:
@@ -92,6 +94,7 @@ class LLM:
                     grammar = await client.compile_grammar(sampling.structured)  # GrammarError: a ValueError
                 stream = client.open_stream(client.new_request_id("offline"), prompt_ids, sampling, grammar=grammar)
                 text, ids = [], []
+                closed = False
                 logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
                 prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
                 async for out in stream:
@@ -101,6 +104,7 @@ class LLM:
                         logprobs = (logprobs or []) + out.logprobs
                     if out.prompt_logprobs is not None:  # the first output's
                         prompt_logprobs = out.prompt_logprobs
+                    closed = closed or out.closed_early
                     if out.error:
                         raise RuntimeError(out.error)
                 assert stream.finish_reason is not None  # the stream only ends once it has a reason
@@ -113,6 +117,7 @@ class LLM:
                     stream.finish_reason.openai_name,
                     logprobs,
                     prompt_logprobs,
+                    closed,
                 )
 
             async with trio.open_nursery() as requests:

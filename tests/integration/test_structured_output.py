@@ -222,12 +222,58 @@ def test_mixed_batch_leaves_free_requests_unchanged(http):
         validate(choice["message"]["content"], schema)
 
 
-def test_max_tokens_mid_structure_is_length(http):
+def test_max_tokens_mid_structure_is_cut_when_closing_is_off(http):
     schema = SCHEMAS["nested_required_closed"]
-    choice = chat(http, ask_json(schema), max_tokens=5, structured_outputs={"json": schema})["choices"][0]
-    assert choice["finish_reason"] == "length"
+    choice = chat(
+        http, ask_json(schema), max_tokens=5, structured_outputs={"json": schema}, close_structured_output=False
+    )["choices"][0]
+    assert choice["finish_reason"] == "length" and "closed_early" not in choice
     with pytest.raises(json.JSONDecodeError):
         json.loads(choice["message"]["content"])
+
+
+def test_an_allowance_below_the_shortest_output_is_a_400_naming_max_tokens(http):
+    schema = SCHEMAS["nested_required_closed"]
+    r = http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "structured_outputs": {"json": schema}},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
+@pytest.mark.parametrize("max_tokens", [18, 24])
+def test_a_tight_allowance_returns_closed_valid_json_streamed_with_n_and_logprobs(http, max_tokens):
+    """At temperature 1 a small model rarely finishes a nested object in 18-24 tokens: each
+    choice is closed by the grammar's shortest completion (``closed_early``, finish ``length``),
+    parses and validates; logprobs cover the sampled tokens only."""
+    schema = SCHEMAS["nested_required_closed"]
+    body = {
+        "messages": [{"role": "user", "content": "Describe a user in JSON with a long name."}],
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "n": 3,
+        "seed": 7,
+        "logprobs": True,
+        "stream": True,
+        "structured_outputs": {"json": schema},
+    }
+    texts, closed, reasons, lp_tokens = ["", "", ""], [False] * 3, [None] * 3, [0] * 3
+    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[6:])["choices"]:
+                i = choice["index"]
+                texts[i] += choice["delta"].get("content") or ""
+                closed[i] |= choice.get("closed_early", False)
+                reasons[i] = choice["finish_reason"] or reasons[i]
+                lp_tokens[i] += len((choice.get("logprobs") or {}).get("content") or [])
+    for text, was_closed, reason, n_lp in zip(texts, closed, reasons, lp_tokens):
+        validate(text, schema)
+        assert reason in ("stop", "length") and was_closed == (reason == "length")
+        assert n_lp <= max_tokens
+    assert any(closed), "no choice needed closing: the test does not exercise it"
 
 
 def test_logprobs_are_those_of_the_masked_distribution(http):

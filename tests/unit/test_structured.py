@@ -16,6 +16,7 @@ from trillium.protocol import (
     AddRequest,
     CompileGrammar,
     FinishReason,
+    SamplingParamError,
     SamplingParams,
     StepInput,
     StepOutput,
@@ -187,6 +188,7 @@ async def run_requests(tok, requests, *, prefer_eos=True, jump_forward=True):
         BitmaskFiller(8, tok.vocab_size, num_threads=1),
     )
     results = {}
+    closed = actor.closed_early = {}  # request id -> its last delta's closed_early
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.run)
         boxes = {}
@@ -208,6 +210,7 @@ async def run_requests(tok, requests, *, prefer_eos=True, jump_forward=True):
                 ids += delta.token_ids
                 reason = delta.finish_reason
             results[rid] = (ids, reason)
+            closed[rid] = delta.closed_early
         nursery.cancel_scope.cancel()
     return results, actor, executor
 
@@ -222,14 +225,62 @@ async def test_eos_only_where_the_grammar_may_end(tok, compiler):
     assert text.startswith("ab") and text.rstrip("c").lstrip("a").strip("b") == ""  # EOS wanted, but only after "ab"
 
 
-async def test_max_tokens_mid_structure_is_length(tok, compiler):
+async def test_max_tokens_mid_structure_is_length_when_closing_is_off(tok, compiler):
     grammar = compiler.compile(StructuredOutputs(json=PERSON))
-    sampling = SamplingParams(max_tokens=3, structured=StructuredOutputs(json=PERSON))
-    results, _, _ = await run_requests(tok, [("r", sampling, grammar)], jump_forward=False)
+    sampling = SamplingParams(max_tokens=3, structured=StructuredOutputs(json=PERSON), close_structured_output=False)
+    results, actor, _ = await run_requests(tok, [("r", sampling, grammar)], jump_forward=False)
     ids, reason = results["r"]
-    assert reason == FinishReason.LENGTH and len(ids) == 3
+    assert reason == FinishReason.LENGTH and len(ids) == 3 and not actor.closed_early["r"]
     with pytest.raises(json.JSONDecodeError):
         json.loads(tok.decode(ids))
+
+
+DEEP = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "items": {
+            "type": "array",
+            "minItems": 2,
+            "items": {
+                "type": "object",
+                "properties": {"sku": {"type": "string", "pattern": "^[a-z]+[0-9]$"}, "qty": {"type": "integer"}},
+                "required": ["sku", "qty"],
+            },
+        },
+        "ship": {"type": "object", "properties": {"city": {"type": "string", "minLength": 3}}, "required": ["city"]},
+    },
+    "required": ["title", "items", "ship"],
+}
+
+
+def test_an_allowance_below_the_shortest_output_is_refused_naming_max_tokens(compiler):
+    grammar = compiler.compile(StructuredOutputs(json=DEEP))
+    shortest = grammar.min_output_tokens
+    assert shortest > 10  # '{"title":"","items":[{"sku":"aaaa0","qty":0},...],"ship":{"city":"aaa"}}'
+    with pytest.raises(SamplingParamError) as exc:
+        grammar.check_allowance(SamplingParams(max_tokens=shortest - 1, structured=StructuredOutputs(json=DEEP)))
+    assert exc.value.param == "max_tokens"
+    grammar.check_allowance(SamplingParams(max_tokens=shortest, structured=StructuredOutputs(json=DEEP)))
+    grammar.check_allowance(  # opted out: cut wherever max_tokens falls
+        SamplingParams(max_tokens=1, structured=StructuredOutputs(json=DEEP), close_structured_output=False)
+    )
+
+
+@pytest.mark.parametrize("extra", [0, 1, 3, 8, 17, 30])
+@pytest.mark.parametrize("jump_forward", [True, False])
+async def test_a_small_allowance_still_returns_valid_closed_json(tok, compiler, extra, jump_forward):
+    """A model that never wants to end (EOS last, low token ids first) under a deep schema: the
+    output is closed by the grammar's shortest completion within max_tokens, and validates."""
+    jsonschema = pytest.importorskip("jsonschema")
+    grammar = compiler.compile(StructuredOutputs(json=DEEP))
+    max_tokens = grammar.min_output_tokens + extra
+    sampling = SamplingParams(max_tokens=max_tokens, structured=StructuredOutputs(json=DEEP))
+    results, actor, _ = await run_requests(tok, [("r", sampling, grammar)], prefer_eos=False, jump_forward=jump_forward)
+    ids, reason = results["r"]
+    jsonschema.validate(json.loads(tok.decode(ids)), DEEP)
+    assert len(ids) <= max_tokens
+    assert reason == FinishReason.LENGTH and actor.closed_early["r"]
 
 
 async def test_jump_forward_appends_forced_tokens_and_counts_them(tok, compiler):

@@ -73,6 +73,10 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     # Such a request computes its whole prompt (no prefix-cache reuse).
     prompt_logprobs: int | None = None
     structured: StructuredOutputs | None = None  # output constraint (JSON Schema, regex, choice, grammar)
+    # With a JSON constraint: close the structure (shortest valid completion) when the allowance
+    # left reaches the tokens closing needs, so a LENGTH-cut output still parses (see
+    # docs/decisions/structured-output.md). False: cut wherever max_tokens falls.
+    close_structured_output: bool = True
 
     @property
     def needs_history(self) -> bool:
@@ -177,6 +181,9 @@ class TokenDelta(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     queue_time: float | None = None  # seconds from arrival to the request's first step, once it had one
     # (logprob of prompt token p, [(top token id, logprob), ...] best first) for p = 1 .. P-1
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    # With LENGTH: the output's JSON structure was closed by the grammar's shortest completion
+    # before max_tokens cut it (its last tokens were appended, not sampled: no logprobs).
+    closed_early: bool = False
 
 
 class TokenizeRequest(msgspec.Struct, gc=False, kw_only=True):

@@ -69,6 +69,7 @@ def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
         logprobs=None if old.logprobs is None and new.logprobs is None else (old.logprobs or []) + (new.logprobs or []),
         queue_time=new.queue_time,
         prompt_logprobs=old.prompt_logprobs if old.prompt_logprobs is not None else new.prompt_logprobs,
+        closed_early=new.closed_early,
     )
 
 
@@ -209,7 +210,9 @@ class SchedulerActor(Actor):
             reply=message.reply,
             arrival_time=message.arrival_time or None,
             cache_namespace=cache_namespace(self.policy.config.model_key, message.cache_salt),
-            matcher=None if message.grammar is None else message.grammar.new_matcher(),
+            matcher=(
+                None if message.grammar is None else message.grammar.new_matcher(close=sampling.close_structured_output)
+            ),
             tenant=message.tenant,
             priority=message.priority,
         )
@@ -313,6 +316,7 @@ class SchedulerActor(Actor):
                 logprobs=update.logprobs,
                 queue_time=request.first_scheduled_time - request.arrival_time,
                 prompt_logprobs=update.prompt_logprobs,
+                closed_early=update.closed_early,
             )
         )
         if update.finish_reason is not None:

@@ -119,6 +119,21 @@ class KVBlockManager:
             self.allocator.free(request.block_ids[keep:])
             del request.block_ids[keep:]
 
+    def truncate(self, request: Request) -> None:
+        """The request's tokens were cut back (output rolled back): K/V counts as computed only
+        below ``num_tokens - 1``, and blocks past what ``num_tokens`` needs are freed. A block the
+        prefix cache shares is never written again: if the next K/V would go into one, the
+        request gives back its references from there and computes those positions again in
+        fresh blocks (the cached ones still hold the K/V of the tokens they were cached for)."""
+        request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+        first = request.num_computed_tokens // self.block_size  # the block the next K/V goes into
+        if first < request.num_inserted_blocks:
+            self.allocator.free(request.block_ids[first:])
+            del request.block_ids[first:]
+            request.num_computed_tokens = first * self.block_size
+            request.num_inserted_blocks = first
+        self.trim(request)
+
     def release(self, request: Request, *, cache: bool = True) -> None:
         """Drop the request's references (after caching its computed blocks unless ``cache`` is
         False, e.g. after a failed step whose K/V cannot be trusted). Resets its progress."""

@@ -47,6 +47,12 @@ from trillium.scheduler.request import Request, RequestStatus
 from trillium.speculative import DraftDepth, NgramProposer, SpecStats
 from trillium.speculative.draft_slots import DraftSlots
 
+# Closing a JSON output (``SchedulerPolicy._close_if_due``): recomputed every step once the
+# allowance left is within CLOSE_MARGIN tokens of the last closing's length, else every
+# CLOSE_RECHECK steps.
+CLOSE_MARGIN = 16
+CLOSE_RECHECK = 8
+
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerConfig:
@@ -85,6 +91,7 @@ class RequestUpdate:
     # With the first token of a request that asked for prompt logprobs: one entry per prompt
     # position 1 .. P-1 (see protocol.TokenDelta).
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    closed_early: bool = False  # the grammar's closing was appended before max_tokens (LENGTH)
 
 
 class SchedulerPolicy:
@@ -107,6 +114,7 @@ class SchedulerPolicy:
         self._finished_since_last_step: list[str] = []
         self.num_preemptions = 0
         self.num_forced_tokens = 0  # appended by jump-forward (structured output), never sampled
+        self.num_closed_outputs = 0  # JSON outputs closed before max_tokens (``_close_if_due``)
 
     # ---- admission and abort -------------------------------------------------------------
 
@@ -253,12 +261,23 @@ class SchedulerPolicy:
             if pending is not None:  # the prefill is complete: its first token came
                 assert len(pending) == request.num_prompt_tokens - 1, (len(pending), request)
                 request.pending_prompt_logprobs = None
+            closed = False
             if reason is None and request.matcher is not None:
                 reason, error = self._jump_forward(request, new_token_ids)
+            if (
+                request.matcher is not None
+                and request.matcher.closer is not None
+                and reason in (None, FinishReason.LENGTH)
+            ):
+                kept = self._close_if_due(request, new_token_ids)
+                if kept is not None:
+                    reason, closed = FinishReason.LENGTH, True
+                    if lp is not None:
+                        lp = lp[:kept]  # the closing's tokens were not sampled: none
             if reason is not None:
                 self.running.remove(request)
                 self._finish(request, reason)
-            updates.append(RequestUpdate(request, new_token_ids, reason, lp, error, pending))
+            updates.append(RequestUpdate(request, new_token_ids, reason, lp, error, pending, closed))
         return updates
 
     def take_finished(self) -> list[str]:
@@ -354,8 +373,7 @@ class SchedulerPolicy:
         assert matcher is not None
         if not self.config.jump_forward or request.sampling.logprobs is not None:
             return None, None
-        room = min(request.max_tokens - len(request.output_token_ids), self.config.max_model_len - request.num_tokens)
-        forced = matcher.forced_tokens()[:room]
+        forced = matcher.forced_tokens()[: self._room(request)]
         if not forced:
             return None, None
         if not matcher.accept_forced(forced):
@@ -366,6 +384,52 @@ class SchedulerPolicy:
         if matcher.is_terminated:
             return FinishReason.STOP, None
         return (FinishReason.LENGTH if self._length_reached(request) else None), None
+
+    def _close_if_due(self, request: Request, new_token_ids: list[int]) -> int | None:
+        """Close a JSON output whose allowance is running out (``structured.closer``): when what
+        is left of ``max_tokens`` (or the context) is no more than the tokens closing needs,
+        append the closing and return how many of this step's ``new_token_ids`` were kept
+        before it; None while there is room. This step's tokens (not yet delivered) are taken
+        back one at a time while the closing from after them would not fit: the state before
+        the step had room for its own. The closing is computed only near the end of the
+        allowance, and every ``CLOSE_RECHECK`` steps elsewhere (it can grow when a value opens)."""
+        matcher = request.matcher
+        assert matcher is not None
+        room = self._room(request)
+        if matcher.closing_length >= 0 and matcher.closing_length + CLOSE_MARGIN < room:
+            matcher.closing_age += 1
+            if matcher.closing_age < CLOSE_RECHECK:
+                return None
+        matcher.closing_age = 0
+        closing = matcher.closing()
+        kept = len(new_token_ids)
+        while (closing is None or len(closing) > room) and kept > 0:
+            kept -= 1
+            room += 1
+            del request.output_token_ids[-1]
+            matcher.rollback(1)
+            closing = matcher.closing()
+        if closing is None or len(closing) > room:
+            # None found, or the steps since the last check outgrew the room (their tokens were
+            # delivered): put back what was taken; the output is cut where it falls.
+            matcher.closing_length = 0  # try again on the next step
+            if kept < len(new_token_ids):
+                matcher.accept_forced(new_token_ids[kept:])
+                request.output_token_ids.extend(new_token_ids[kept:])
+            return None
+        matcher.closing_length = len(closing)
+        if kept == len(new_token_ids) and (len(closing) < room or not closing):
+            return None  # room to go on, or complete already
+        del new_token_ids[kept:]
+        self.kv.truncate(request)  # drafts taken back had K/V: not for the closing's tokens
+        request.output_token_ids.extend(closing)
+        new_token_ids.extend(closing)
+        self.num_closed_outputs += 1
+        return kept
+
+    def _room(self, request: Request) -> int:
+        """Output tokens the request may still produce (``max_tokens``, the context)."""
+        return min(request.max_tokens - len(request.output_token_ids), self.config.max_model_len - request.num_tokens)
 
     def _check_stop(self, request: Request, token_id: int) -> FinishReason | None:
         sampling = request.sampling

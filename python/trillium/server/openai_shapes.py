@@ -227,7 +227,10 @@ class ResponseShape:
         logprobs: JSONObject | list[JSONObject] | None = None,
         tool_calls: list[JSONObject] | None = None,
         prompt_logprobs: list[JSONObject | None] | None = None,
+        closed_early: bool = False,
     ) -> JSONObject:
+        """One SSE chunk of choice ``index``. ``closed_early`` (with finish reason ``length``)
+        adds ``"closed_early": true`` to the choice: trillium's extension, see :meth:`full`."""
         if self.chat:
             delta: JSONObject = {}
             if first:
@@ -238,11 +241,15 @@ class ResponseShape:
                 delta["tool_calls"] = tool_calls
             lp = {"content": logprobs} if logprobs is not None else None
             choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
+            if closed_early:
+                choice["closed_early"] = True
             chunk = {**self._envelope("chat.completion.chunk"), "choices": [choice]}
             if prompt_logprobs is not None:
                 chunk["prompt_logprobs"] = prompt_logprobs
             return chunk
         choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+        if closed_early:
+            choice["closed_early"] = True
         if prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs
         return {**self._envelope("text_completion"), "choices": [choice]}
@@ -259,9 +266,13 @@ class ResponseShape:
         choices: list[tuple[str, str, JSONObject | list[JSONObject] | None]],
         usage: JSONObject,
         prompt_logprobs: list[list[JSONObject | None] | None] | None = None,
+        closed_early: frozenset[int] = frozenset(),
     ) -> JSONObject:
         """``choices``: (text, finish_reason, formatted logprobs or None) per index;
-        ``prompt_logprobs``: vLLM's, per index (chat: the first's, at the top level)."""
+        ``prompt_logprobs``: vLLM's, per index (chat: the first's, at the top level).
+        ``closed_early``: the indexes whose JSON output was closed by its grammar's shortest
+        completion before ``max_tokens`` cut it (finish reason ``length``): their choice gets
+        ``"closed_early": true``, a trillium extension (absent otherwise)."""
         body: list[JSONObject]
         if self.chat:
             body = []
@@ -283,6 +294,8 @@ class ResponseShape:
                         "finish_reason": reason,
                     }
                 )
+            for i in closed_early:
+                body[i]["closed_early"] = True
             response = {**self._envelope("chat.completion"), "choices": body, "usage": usage}
             if prompt_logprobs is not None:
                 response["prompt_logprobs"] = prompt_logprobs[0]
@@ -291,6 +304,8 @@ class ResponseShape:
             {"index": i, "text": text, "logprobs": lp, "finish_reason": reason}
             for i, (text, reason, lp) in enumerate(choices)
         ]
+        for i in closed_early:
+            body[i]["closed_early"] = True
         if prompt_logprobs is not None:
             for choice, plp in zip(body, prompt_logprobs):
                 choice["prompt_logprobs"] = plp

@@ -25,7 +25,7 @@ from trillium.engine_client import (
     StreamOutput,
     TokenizeError,
 )
-from trillium.protocol import FinishReason, SamplingParams, StructuredOutputs
+from trillium.protocol import FinishReason, SamplingParamError, SamplingParams, StructuredOutputs
 from trillium.protocol.messages import SEED_MAX
 from trillium.runtime import Health, Snapshot
 from trillium.server import sse
@@ -425,6 +425,10 @@ class Routes:
         grammar = None
         if sampling.structured is not None:
             grammar = await self._compile_grammar(sampling.structured, structured_param(body))
+            try:
+                grammar.check_allowance(sampling)
+            except SamplingParamError as exc:
+                raise APIError(str(exc), param=exc.param) from None
         tenant = self._fair_tenant(account, body)
 
         def open_choice(i: int) -> RequestStream:
@@ -593,6 +597,7 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
     ]
     vllm_prompt: list[list[JSONObject | None] | None] = [None] * n
     started = [False] * n
+    closed: set[int] = set()
     try:
         while (item := await fanout.next()) is not None:
             i, out = item
@@ -607,6 +612,8 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
             raise_on_failure(out)
             if out.finish_reason is not None:
                 reasons[i] = out.finish_reason.openai_name
+            if out.closed_early:
+                closed.add(i)
     except EngineOverloaded as exc:
         raise overloaded(str(exc)) from None
     finally:
@@ -615,7 +622,12 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
         ("".join(text), reason, lp.result() if lp else None) for text, reason, lp in zip(parts, reasons, logprobs)
     ]
     return json_response(
-        shape.full(choices, echo.usage(fanout.usage()), vllm_prompt if shape.prompt_logprobs is not None else None)
+        shape.full(
+            choices,
+            echo.usage(fanout.usage()),
+            vllm_prompt if shape.prompt_logprobs is not None else None,
+            frozenset(closed),
+        )
     )
 
 
@@ -703,7 +715,7 @@ async def _sse_body(
                 if reason == FinishReason.STOP and parser.calls:
                     reason_name = "tool_calls"
             if text or reason is not None or lp:
-                yield sse.event(shape.chunk(i, text, reason_name, logprobs=lp))
+                yield sse.event(shape.chunk(i, text, reason_name, logprobs=lp, closed_early=out.closed_early))
         account.finish()
         if include_usage:
             yield sse.event(shape.usage_chunk(echo.usage(fanout.usage())))

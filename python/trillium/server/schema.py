@@ -131,6 +131,7 @@ class _Common(msgspec.Struct, kw_only=True):
     response_format: ResponseFormat | None = None  # OpenAI structured output
     structured_outputs: StructuredOutputsBody | None = None  # vLLM structured output
     prompt_logprobs: int | None = None  # vLLM extension: each prompt token's logprob + the top k
+    close_structured_output: bool = True  # trillium extension: close JSON output before max_tokens cuts it
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
@@ -293,6 +294,7 @@ def sampling_params(
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             structured=structured_constraint(request),
+            close_structured_output=request.close_structured_output,
         )
         sampling.check_vocab(vocab_size)
     except SamplingParamError as exc:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import llguidance
 
-from trillium.protocol import StructuredOutputs
+from trillium.protocol import SamplingParamError, SamplingParams, StructuredOutputs
 from trillium.protocol.structured import JSON_OPTIONS
+from trillium.structured.closer import Closer
 from trillium.structured.matcher import GrammarMatcher
 
 if TYPE_CHECKING:
@@ -92,13 +93,30 @@ def constraint_key(constraint: StructuredOutputs) -> tuple[str, str]:
 class CompiledGrammar:
     """A compiled constraint: hands out fresh per-request matchers. Immutable after construction."""
 
-    def __init__(self, key: str, kind: str, template: llguidance.LLMatcher) -> None:
+    def __init__(self, key: str, kind: str, template: llguidance.LLMatcher, closer: Closer | None = None) -> None:
         self.key = key  # content hash of (kind, normalized text)
         self.kind = kind
         self._template = template  # never advanced: only deep-copied
+        self.closer = closer  # JSON constraints: how outputs are closed before max_tokens
+        # Tokens of the shortest complete output the closer finds from the start (0: no closer):
+        # a smaller max_tokens could not be closed in time.
+        closing = closer.closing(template) if closer is not None else None
+        self.min_output_tokens = len(closing) if closing is not None else 0
 
-    def new_matcher(self) -> GrammarMatcher:
-        return GrammarMatcher(self._template.deep_copy())
+    def check_allowance(self, sampling: SamplingParams) -> None:
+        """SamplingParamError naming ``max_tokens`` when the request asks to close its output
+        (the default) but allows fewer tokens than the shortest complete output takes."""
+        limit = sampling.max_tokens
+        if sampling.close_structured_output and limit is not None and limit < self.min_output_tokens:
+            raise SamplingParamError(
+                "max_tokens",
+                f"is {limit}: the shortest output the schema allows takes "
+                f"{self.min_output_tokens} tokens (or set close_structured_output to false)",
+            )
+
+    def new_matcher(self, *, close: bool = True) -> GrammarMatcher:
+        """A fresh matcher; ``close=False`` opts out of closing the output early."""
+        return GrammarMatcher(self._template.deep_copy(), self.closer if close else None)
 
 
 class GrammarCompiler:
@@ -106,6 +124,7 @@ class GrammarCompiler:
 
     def __init__(self, ll_tokenizer: llguidance.LLTokenizer, cache_size: int = CACHE_SIZE) -> None:
         self.ll_tokenizer = ll_tokenizer
+        self.closer = Closer(ll_tokenizer)
         self.cache_size = cache_size
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
@@ -141,7 +160,7 @@ class GrammarCompiler:
         )
         if template.is_error():
             raise GrammarError(_describe(kind, template.get_error()))
-        compiled = CompiledGrammar(digest, kind, template)
+        compiled = CompiledGrammar(digest, kind, template, self.closer if kind == "json" else None)
         with self._lock:
             self._cache[digest] = compiled
             self.num_compiled += 1

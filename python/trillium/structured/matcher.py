@@ -4,20 +4,33 @@ from __future__ import annotations
 
 import llguidance
 
+from trillium.structured.closer import Closer
+
 
 class GrammarMatcher:
     """Wraps an ``llguidance.LLMatcher``. Not thread-safe: the scheduler advances it on the event
-    loop between steps; the grammar thread reads it (fills its mask) only while a step runs."""
+    loop between steps; the grammar thread reads it (fills its mask) only while a step runs.
 
-    __slots__ = ("_m",)
+    ``closer`` is set for JSON constraints: the scheduler closes such an output before its
+    allowance runs out (:meth:`closing`); ``closing_length`` and ``closing_age`` are its
+    bookkeeping (the last closing's length in tokens, -1 before the first or when none exists,
+    and the steps since it was computed)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    __slots__ = ("_m", "closer", "closing_age", "closing_length", "num_tokens")
+
+    def __init__(self, matcher: llguidance.LLMatcher, closer: Closer | None = None) -> None:
         self._m = matcher
+        self.closer = closer
+        self.num_tokens = 0  # tokens consumed (the output's length, as far as the grammar saw it)
+        self.closing_length = -1
+        self.closing_age = 0
 
     def accept(self, token_id: int) -> bool:
         """Advance by one sampled token. False (and the matcher is then in error) if the grammar
         does not allow it; EOS is allowed only where the grammar may end."""
-        return self._m.consume_token(token_id)
+        ok = self._m.consume_token(token_id)
+        self.num_tokens += ok
+        return ok
 
     def validate(self, token_ids: list[int]) -> int:
         """How many of ``token_ids`` the grammar allows in a row from here (speculation's drafts
@@ -30,7 +43,23 @@ class GrammarMatcher:
         return self._m.compute_ff_tokens()
 
     def accept_forced(self, token_ids: list[int]) -> bool:
-        return self._m.consume_tokens(token_ids)
+        ok = self._m.consume_tokens(token_ids)
+        self.num_tokens += len(token_ids) if ok else 0
+        return ok
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forget the last ``num_tokens`` accepted tokens (the output was cut back)."""
+        if num_tokens > 0:
+            if not self._m.rollback(num_tokens):
+                raise RuntimeError(f"the grammar could not roll back {num_tokens} tokens: {self._m.get_error()}")
+            self.num_tokens -= num_tokens
+
+    def closing(self) -> list[int] | None:
+        """The shortest tokens found that complete the output from here ([] if it is complete),
+        or None (no closer, or none found). Consumes nothing."""
+        if self.closer is None:
+            return None
+        return self.closer.closing(self._m)
 
     @property
     def is_terminated(self) -> bool:

@@ -1,0 +1,90 @@
+"""The shortest way to close a constrained output from where its grammar stands.
+
+A request whose ``max_tokens`` runs out in the middle of a JSON value would return text that does
+not parse. Before that happens the scheduler appends a *closing*: tokens the grammar accepts
+that bring it to an accepting state (``"]}`` for a half-written string in an array in an
+object, plus whatever required properties are still missing, each with its shortest value).
+
+The closing is built one character at a time on a copy of the request's matcher: first the
+bytes the grammar forces (``compute_ff_tokens``), otherwise the first character of
+:data:`PREFERENCE` the grammar allows — closers first (``"``, ``]``, ``}``), then the separator
+that leads to a missing property or item, then the shortest values (``0``, ``""``, ``null``,
+``[]``, ``{}``). Closing the innermost open value as soon as the grammar allows it is what makes
+the result short: every character either ends a value or is one the grammar demands. A
+character picked :data:`MAX_REPEAT` times in a row yields to the next allowed one, so that a
+pattern such as ``[a-z]+[0-9]`` (whose strings cannot close after letters alone) still ends.
+The characters are then re-tokenized (BPE merges ``"]}`` into fewer tokens) and the shorter of
+the two token sequences the grammar accepts is the closing.
+
+Cost: one ``validate_tokens`` per candidate character, ~5 µs each; a 40-character closing takes
+~0.2 ms. The scheduler calls it only when a request's remaining allowance comes near its last
+closing length (``scheduler.policy``), not every step.
+"""
+
+from __future__ import annotations
+
+import llguidance
+
+# Single characters, most preferred first (see the module docstring). The tail is every other
+# printable ASCII character, for grammars that are not JSON.
+PREFERENCE = '"a]},0n-ft[{1:'
+MAX_REPEAT = 4
+MAX_CHARS = 1024  # a closing longer than this is not attempted (no allowance is that large)
+
+
+class Closer:
+    """Builds closings for matchers of one tokenizer. Immutable and thread-safe after construction."""
+
+    def __init__(self, ll_tokenizer: llguidance.LLTokenizer) -> None:
+        self._ll_tokenizer = ll_tokenizer
+        order = PREFERENCE + "".join(chr(c) for c in range(32, 127) if chr(c) not in PREFERENCE)
+        self._alphabet: list[int] = []  # token ids of the single characters, most preferred first
+        for ch in order:
+            ids = ll_tokenizer.tokenize_str(ch)
+            if len(ids) == 1 and ll_tokenizer.decode_str(ids) == ch:
+                self._alphabet.append(ids[0])
+
+    def closing(self, matcher: llguidance.LLMatcher, limit: int = MAX_CHARS) -> list[int] | None:
+        """Tokens that take ``matcher`` (not modified) to a state where the output is complete, or
+        None when none was found within ``limit`` characters. [] if it is complete already."""
+        if matcher.is_accepting():
+            return []
+        m = matcher.deep_copy()
+        chars: list[int] = []  # the closing as single-character (or forced) tokens
+        last, repeats = -1, 0
+        while len(chars) < limit:
+            if m.is_accepting():
+                break
+            forced = m.compute_ff_tokens()
+            if forced:
+                if not m.consume_tokens(forced):
+                    return None
+                chars.extend(forced)
+                last, repeats = -1, 0
+                continue
+            choice = self._pick(m, last if repeats >= MAX_REPEAT else -1)
+            if choice < 0:
+                return None
+            m.consume_token(choice)
+            chars.append(choice)
+            repeats = repeats + 1 if choice == last else 1
+            last = choice
+        else:
+            return None
+        merged = self._ll_tokenizer.tokenize_bytes(self._ll_tokenizer.decode_bytes(chars))
+        if len(merged) < len(chars) and _completes(matcher, merged):
+            return merged
+        return chars
+
+    def _pick(self, m: llguidance.LLMatcher, avoid: int) -> int:
+        for token in self._alphabet:
+            if token != avoid and m.validate_tokens([token]) == 1:
+                return token
+        return -1
+
+
+def _completes(matcher: llguidance.LLMatcher, tokens: list[int]) -> bool:
+    if matcher.validate_tokens(tokens) != len(tokens):
+        return False
+    m = matcher.deep_copy()
+    return m.consume_tokens(tokens) and m.is_accepting()
