@@ -50,7 +50,7 @@ from trillium.speculative.draft_slots import DraftSlots
 # Closing a JSON output (``SchedulerPolicy._close_if_due``): recomputed every step once the
 # allowance left is within CLOSE_MARGIN tokens of the last closing's length, else every
 # CLOSE_RECHECK steps.
-CLOSE_MARGIN = 16
+CLOSE_MARGIN = 64  # a value opening in one step can add tens of tokens (an item's required keys)
 CLOSE_RECHECK = 8
 
 

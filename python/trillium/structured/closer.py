@@ -10,9 +10,10 @@ bytes the grammar forces (``compute_ff_tokens``), otherwise the first character 
 :data:`PREFERENCE` the grammar allows — closers first (``"``, ``]``, ``}``), then the separator
 that leads to a missing property or item, then the shortest values (``0``, ``""``, ``null``,
 ``[]``, ``{}``). Closing the innermost open value as soon as the grammar allows it is what makes
-the result short: every character either ends a value or is one the grammar demands. A
-character picked :data:`MAX_REPEAT` times in a row yields to the next allowed one, so that a
-pattern such as ``[a-z]+[0-9]`` (whose strings cannot close after letters alone) still ends.
+the result short: every character either ends a value or is one the grammar demands. After a
+character was picked :data:`MAX_REPEAT` times in a row, the pick is the first allowed character
+after which the grammar allows something else, so that a pattern such as ``[a-z]+/[0-9]``
+(whose strings cannot close after letters alone) still ends.
 The characters are then re-tokenized (BPE merges ``"]}`` into fewer tokens) and the shorter of
 the two token sequences the grammar accepts is the closing.
 
@@ -29,6 +30,7 @@ import llguidance
 # printable ASCII character, for grammars that are not JSON.
 PREFERENCE = '"a]},0n-ft[{1:'
 MAX_REPEAT = 4
+PROGRESS_CANDIDATES = 32  # allowed characters tried for progress (each costs a mask, ~20 µs)
 MAX_CHARS = 1024  # a closing longer than this is not attempted (no allowance is that large)
 
 
@@ -62,12 +64,14 @@ class Closer:
                 chars.extend(forced)
                 last, repeats = -1, 0
                 continue
-            choice = self._pick(m, last if repeats >= MAX_REPEAT else -1)
+            choice = self._pick_progress(m) if repeats >= MAX_REPEAT else self._pick(m)
             if choice < 0:
                 return None
             m.consume_token(choice)
             chars.append(choice)
-            repeats = repeats + 1 if choice == last else 1
+            # After a progress check the count starts over: at most one check per MAX_REPEAT
+            # characters where every character leads to the same state (a long minLength).
+            repeats = repeats + 1 if choice == last and repeats < MAX_REPEAT else 1
             last = choice
         else:
             return None
@@ -76,11 +80,32 @@ class Closer:
             return merged
         return chars
 
-    def _pick(self, m: llguidance.LLMatcher, avoid: int) -> int:
+    def _pick(self, m: llguidance.LLMatcher) -> int:
         for token in self._alphabet:
-            if token != avoid and m.validate_tokens([token]) == 1:
+            if m.validate_tokens([token]) == 1:
                 return token
         return -1
+
+    def _pick_progress(self, m: llguidance.LLMatcher) -> int:
+        """After a character repeated: the first allowed one after which the grammar allows a
+        different set of tokens (``/`` in ``[a-z]+/``: letters lead back to the same state), else
+        the first allowed one (a ``minLength`` string: every letter is progress)."""
+        here = m.compute_bitmask()
+        first, tried = -1, 0
+        for token in self._alphabet:
+            if tried == PROGRESS_CANDIDATES:
+                break
+            if m.validate_tokens([token]) != 1:
+                continue
+            tried += 1
+            if first < 0:
+                first = token
+            m.consume_token(token)
+            changed = m.compute_bitmask() != here
+            m.rollback(1)
+            if changed:
+                return token
+        return first
 
 
 def _completes(matcher: llguidance.LLMatcher, tokens: list[int]) -> bool:
