@@ -74,7 +74,7 @@ def test_cache_evicts_least_recently_used(tok):
     [
         (StructuredOutputs(json={"type": "foo"}), "Invalid type"),
         (StructuredOutputs(json={"properties": {"a": {"$ref": "#/nope"}}}), "/nope"),
-        (StructuredOutputs(json={"not": {"type": "string"}}), "not"),  # unsupported keyword
+        (StructuredOutputs(json={"enum": [1, 2], "not": {"enum": [1, 2]}}), "no value"),  # unsatisfiable
         (StructuredOutputs(json={"type": "string", "format": "no-such-format"}), "no-such-format"),
         (StructuredOutputs(json="{not json"), "not valid JSON"),
         (StructuredOutputs(json=[1, 2]), "must be an object"),
@@ -313,3 +313,34 @@ async def test_constrained_and_free_requests_share_a_step(tok, compiler):
     mixed = [rows for rows in executor.mask_rows if {"c0", "free"} <= set(rows)]
     assert mixed, "the three requests never sampled in one step"
     assert all(rows["free"] == -1 and rows["c0"] >= 0 for rows in mixed)  # free rows are never masked
+
+
+UNIQUE = {"type": "array", "items": {"type": "integer"}, "minItems": 4, "maxItems": 6, "uniqueItems": True}
+NEEDS_MORE = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer"},
+        "b": {"type": "string", "maxLength": 3},
+        "c": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "minItems": 2},
+        "d": {"type": "boolean"},
+    },
+    "required": ["c"],
+    "additionalProperties": False,
+    "dependentRequired": {"a": ["b"]},
+    "minProperties": 3,
+}
+
+
+@pytest.mark.parametrize("schema", [UNIQUE, NEEDS_MORE], ids=["uniqueItems", "dependentRequired+minProperties"])
+async def test_keywords_beyond_the_grammar_are_enforced_by_checks(tok, compiler, schema):
+    """A model that repeats itself (lowest token ids first): duplicates and forbidden values are
+    rolled back and banned until the output validates against the whole schema."""
+    jsonschema = pytest.importorskip("jsonschema")
+    grammar = compiler.compile(StructuredOutputs(json=schema))
+    assert grammar.checks is not None
+    sampling = SamplingParams(max_tokens=60, structured=StructuredOutputs(json=schema))
+    results, actor, _ = await run_requests(tok, [("r", sampling, grammar)])
+    ids, reason = results["r"]
+    jsonschema.validate(json.loads(tok.decode(ids)), schema)
+    assert reason in (FinishReason.STOP, FinishReason.LENGTH)
+    assert actor.policy.num_rejected_tokens > 0  # the checks had to act

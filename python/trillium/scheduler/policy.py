@@ -46,12 +46,16 @@ from trillium.scheduler.kv_manager import KVBlockManager
 from trillium.scheduler.request import Request, RequestStatus
 from trillium.speculative import DraftDepth, NgramProposer, SpecStats
 from trillium.speculative.draft_slots import DraftSlots
+from trillium.structured.closer import NUM_VARIANTS
+from trillium.structured.guard import MAX_VALUE_RETRIES
+from trillium.structured.value_checks import CheckFailure
 
 # Closing a JSON output (``SchedulerPolicy._close_if_due``): recomputed every step once the
 # allowance left is within CLOSE_MARGIN tokens of the last closing's length, else every
 # CLOSE_RECHECK steps.
 CLOSE_MARGIN = 64  # a value opening in one step can add tens of tokens (an item's required keys)
 CLOSE_RECHECK = 8
+CLOSE_BACKTRACK = 32  # held tokens a closing that fails value checks may be moved back over
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +119,7 @@ class SchedulerPolicy:
         self.num_preemptions = 0
         self.num_forced_tokens = 0  # appended by jump-forward (structured output), never sampled
         self.num_closed_outputs = 0  # JSON outputs closed before max_tokens (``_close_if_due``)
+        self.num_rejected_tokens = 0  # output tokens taken back by failed value checks (``_reject``)
 
     # ---- admission and abort -------------------------------------------------------------
 
@@ -234,6 +239,8 @@ class SchedulerPolicy:
         ):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted or aborted while the step ran
+            guard = request.matcher.guard if request.matcher is not None else None
+            rejected_before = guard.num_rejected if guard is not None else 0
             pending = request.pending_prompt_logprobs
             if pending is not None and prompt_lp is not None:
                 pending.extend(prompt_lp)
@@ -256,6 +263,8 @@ class SchedulerPolicy:
                         self.proposer.feedback(request.request_id, len(drafts), num_accepted)
                 new_token_ids, reason, error = self._append(request, [*drafts[:num_accepted], token_id])
                 self._roll_back(request, num_new - (num_slots - num_accepted))
+            if guard is not None and guard.num_rejected > rejected_before:
+                self.kv.truncate(request)  # K/V of tokens a failed check took back is not kept
             if lp is not None:
                 lp = lp[: len(new_token_ids)]  # none for tokens after a stop (nor for forced ones)
             if pending is not None:  # the prefill is complete: its first token came
@@ -274,6 +283,10 @@ class SchedulerPolicy:
                     reason, closed = FinishReason.LENGTH, True
                     if lp is not None:
                         lp = lp[:kept]  # the closing's tokens were not sampled: none
+            if guard is not None:  # deliver only what no check can take back any more
+                new_token_ids, lp = guard.release(
+                    request.output_token_ids, lp, len(new_token_ids), finished=reason is not None
+                )
             if reason is not None:
                 self.running.remove(request)
                 self._finish(request, reason)
@@ -359,11 +372,48 @@ class SchedulerPolicy:
             if matcher is not None:
                 if not matcher.accept(t):
                     return appended, FinishReason.ERROR, f"the grammar rejected token {t}: {matcher.error}"
+                guard = matcher.guard
+                if guard is not None:
+                    ends = reason == FinishReason.STOP or matcher.is_terminated
+                    failure = guard.feed(t, end=ends and not matcher.is_terminated)
+                    if failure is None and matcher.is_terminated:
+                        failure = guard.checker.finish()
+                    if failure is not None:
+                        before = len(request.output_token_ids)
+                        reason, error = self._reject(request, failure)
+                        del appended[max(0, len(appended) - (before - len(request.output_token_ids))) :]
+                        return appended, reason, error
                 if matcher.is_terminated:
                     return appended, FinishReason.STOP, None
             if reason is not None:
                 break
         return appended, reason, None
+
+    def _reject(self, request: Request, failure: CheckFailure) -> tuple[FinishReason | None, str | None]:
+        """A value check failed on the request's last output token: take the token back and ban
+        it there; while every token the grammar allows at the position is banned, take back and
+        ban the one before too (never past what the client already has). ``structured.guard``.
+        Returns (ERROR, why) once one value failed its checks ``MAX_VALUE_RETRIES`` times."""
+        matcher = request.matcher
+        assert matcher is not None and matcher.guard is not None
+        guard = matcher.guard
+        guard.retries[failure.value_start] += 1
+        output = request.output_token_ids
+        if guard.retries[failure.value_start] > MAX_VALUE_RETRIES:
+            return FinishReason.ERROR, f"no output satisfying the schema was found: {failure.message}"
+        while True:
+            if not matcher.rollback(1):
+                return FinishReason.ERROR, f"the grammar could not take a token back: {matcher.error}"
+            token = output.pop()
+            guard.num_rejected += 1
+            guard.ban(len(output), token)
+            if len(output) <= guard.num_released or not guard.dead_end(len(output), matcher.bitmask()):
+                break
+        guard.replay(output)
+        self.num_rejected_tokens += 1
+        if self.proposer is not None:
+            self.proposer.forget(request.request_id)  # its index saw the tokens taken back
+        return None, None
 
     def _jump_forward(self, request: Request, new_token_ids: list[int]) -> tuple[FinishReason | None, str | None]:
         """Append the tokens the request's grammar forces from here (jump-forward) to its output
@@ -371,8 +421,8 @@ class SchedulerPolicy:
         asked for logprobs skip it (a forced token has no sampled distribution to report)."""
         matcher = request.matcher
         assert matcher is not None
-        if not self.config.jump_forward or request.sampling.logprobs is not None:
-            return None, None
+        if not self.config.jump_forward or request.sampling.logprobs is not None or matcher.guard is not None:
+            return None, None  # (a forced token would bypass the value checks)
         forced = matcher.forced_tokens()[: self._room(request)]
         if not forced:
             return None, None
@@ -403,11 +453,10 @@ class SchedulerPolicy:
         matcher.closing_age = 0
         closing = matcher.closing()
         kept = len(new_token_ids)
-        while (closing is None or len(closing) > room) and kept > 0:
+        while (closing is None or len(closing) > room) and kept > 0 and matcher.rollback(1):
             kept -= 1
             room += 1
             del request.output_token_ids[-1]
-            matcher.rollback(1)
             closing = matcher.closing()
         if closing is None or len(closing) > room:
             # None found, or the steps since the last check outgrew the room (their tokens were
@@ -420,12 +469,37 @@ class SchedulerPolicy:
         matcher.closing_length = len(closing)
         if kept == len(new_token_ids) and (len(closing) < room or not closing):
             return None  # room to go on, or complete already
+        if matcher.guard is not None and not matcher.guard.accepts(request.output_token_ids + closing):
+            closing, kept = self._checked_closing(request, closing, room, kept)
         del new_token_ids[kept:]
         self.kv.truncate(request)  # drafts taken back had K/V: not for the closing's tokens
         request.output_token_ids.extend(closing)
         new_token_ids.extend(closing)
         self.num_closed_outputs += 1
         return kept
+
+    def _checked_closing(self, request: Request, closing: list[int], room: int, kept: int) -> tuple[list[int], int]:
+        """The usual closing completes or invents a value a check rejects (a duplicate item):
+        try the closer's other variants, from the output as it is, then from up to
+        ``CLOSE_BACKTRACK`` tokens earlier (tokens still held back, never delivered ones).
+        Returns the closing to append (the usual one if none passes) and this step's tokens kept."""
+        matcher, output = request.matcher, request.output_token_ids
+        assert matcher is not None and matcher.guard is not None
+        guard = matcher.guard
+        for _ in range(CLOSE_BACKTRACK):
+            for variant in range(NUM_VARIANTS):
+                c = matcher.closing(variant)
+                if c is not None and len(c) <= room and guard.accepts(output + c):
+                    guard.replay(output)
+                    return c, kept
+            if len(output) <= guard.num_released or not matcher.rollback(1):
+                break
+            output.pop()
+            room += 1
+            kept = max(kept - 1, 0)
+        guard.replay(output)
+        fallback = matcher.closing()
+        return (fallback if fallback is not None and len(fallback) <= room else closing), kept
 
     def _room(self, request: Request) -> int:
         """Output tokens the request may still produce (``max_tokens``, the context)."""
@@ -458,6 +532,9 @@ class SchedulerPolicy:
         )
         if request.matcher is not None and isinstance(self.proposer, DraftSlots):
             return []  # its per-position masks are made before the step, a draft model drafts during it
+        guard = request.matcher.guard if request.matcher is not None else None
+        if guard is not None and guard.has_bans_from(len(request.output_token_ids)):
+            return []  # retrying after a failed check: the drafts' masks would miss the bans
         drafts = self.proposer.propose(request, room)
         if drafts and request.matcher is not None:
             drafts = drafts[: request.matcher.validate(drafts)]

@@ -86,16 +86,19 @@ class BitmaskFiller:
             return None
         rows = [-1] * num_requests
         jobs = []
+        bans: list[tuple[int, int]] = []  # (row, token id) the value checks banned (structured.guard)
         num_rows = 0
         for index, matcher, drafts in constrained:
             rows[index] = num_rows
             jobs.append((matcher.ll_matcher, num_rows, drafts))
+            if matcher.guard is not None and matcher.guard.bans:
+                bans += [(num_rows + j, t) for j, t in matcher.guard.bans_from(matcher.num_tokens, 1 + len(drafts))]
             num_rows += 1 + len(drafts)
         if num_rows > self.buffer.shape[0]:
             # Speculation's extra rows: bounded by max_running * (k + 1), grown on first need.
             self.buffer = torch.full((num_rows, self.buffer.shape[1]), -1, dtype=torch.int32)
         tensor = self.buffer[:num_rows]
-        future = self._thread.submit(self._fill, jobs, tensor)
+        future = self._thread.submit(self._fill, jobs, tensor, bans)
         self._last = future
         self.num_steps += 1
         self.num_rows += num_rows
@@ -111,7 +114,9 @@ class BitmaskFiller:
             self._last = None
         self.wait_seconds += step.wait_seconds
 
-    def _fill(self, jobs: list[tuple[llguidance.LLMatcher, int, list[int]]], tensor: torch.Tensor) -> None:
+    def _fill(
+        self, jobs: list[tuple[llguidance.LLMatcher, int, list[int]]], tensor: torch.Tensor, bans: list[tuple[int, int]]
+    ) -> None:
         start = time.perf_counter()
         row_bytes, num_rows = tensor.shape[1] * 4, tensor.shape[0]
         # llguidance's draft-token fill refuses a job without drafts: those go to the plain fill
@@ -122,6 +127,9 @@ class BitmaskFiller:
             self._executor.unsafe_compute_mask_ptr_with_draft_token(drafting, tensor.data_ptr(), row_bytes, num_rows)
         if plain:
             self._executor.unsafe_compute_mask_ptr(plain, tensor.data_ptr(), row_bytes, num_rows)
+        for row, token in bans:  # clear the bit: int32 words, so bit 31 is the sign
+            word = int(tensor[row, token // 32]) & 0xFFFFFFFF & ~(1 << (token % 32))
+            tensor[row, token // 32] = word - (1 << 32) if word >= 1 << 31 else word
         self.fill_seconds += time.perf_counter() - start
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ import llguidance
 PREFERENCE = '"a]},0n-ft[{1:'
 MAX_REPEAT = 4
 PROGRESS_CANDIDATES = 32  # allowed characters tried for progress (each costs a mask, ~20 µs)
+NUM_VARIANTS = 8
 MAX_CHARS = 1024  # a closing longer than this is not attempted (no allowance is that large)
 
 
@@ -40,17 +41,32 @@ class Closer:
     def __init__(self, ll_tokenizer: llguidance.LLTokenizer) -> None:
         self._ll_tokenizer = ll_tokenizer
         order = PREFERENCE + "".join(chr(c) for c in range(32, 127) if chr(c) not in PREFERENCE)
-        self._alphabet: list[int] = []  # token ids of the single characters, most preferred first
-        for ch in order:
-            ids = ll_tokenizer.tokenize_str(ch)
-            if len(ids) == 1 and ll_tokenizer.decode_str(ids) == ch:
-                self._alphabet.append(ids[0])
+        # Token ids of the single characters, most preferred first; variant k (for outputs whose
+        # value checks rejected the usual closing, e.g. a duplicate 0 under uniqueItems) puts the
+        # digit k and the k-th letter first, so that the values it completes or invents differ.
+        self._alphabets: list[list[int]] = []
+        for k in range(NUM_VARIANTS):
+            lead = str(k) + chr(ord("a") + k)
+            chars = order if k == 0 else lead + "".join(c for c in order if c not in lead)
+            self._alphabets.append(self._single_tokens(chars))
 
-    def closing(self, matcher: llguidance.LLMatcher, limit: int = MAX_CHARS) -> list[int] | None:
+    def _single_tokens(self, chars: str) -> list[int]:
+        out = []
+        for ch in chars:
+            ids = self._ll_tokenizer.tokenize_str(ch)
+            if len(ids) == 1 and self._ll_tokenizer.decode_str(ids) == ch:
+                out.append(ids[0])
+        return out
+
+    def closing(self, matcher: llguidance.LLMatcher, limit: int = MAX_CHARS, variant: int = 0) -> list[int] | None:
         """Tokens that take ``matcher`` (not modified) to a state where the output is complete, or
-        None when none was found within ``limit`` characters. [] if it is complete already."""
+        None when none was found within ``limit`` characters. [] if it is complete already.
+        ``variant`` (0 .. NUM_VARIANTS - 1) picks other characters for the values it invents."""
+        if matcher.is_error():
+            return None
         if matcher.is_accepting():
             return []
+        alphabet = self._alphabets[variant]
         m = matcher.deep_copy()
         chars: list[int] = []  # the closing as single-character (or forced) tokens
         last, repeats = -1, 0
@@ -64,10 +80,9 @@ class Closer:
                 chars.extend(forced)
                 last, repeats = -1, 0
                 continue
-            choice = self._pick_progress(m) if repeats >= MAX_REPEAT else self._pick(m)
-            if choice < 0:
+            choice = self._pick_progress(m, alphabet) if repeats >= MAX_REPEAT else self._pick(m, alphabet)
+            if choice < 0 or not m.consume_token(choice):
                 return None
-            m.consume_token(choice)
             chars.append(choice)
             # After a progress check the count starts over: at most one check per MAX_REPEAT
             # characters where every character leads to the same state (a long minLength).
@@ -80,19 +95,21 @@ class Closer:
             return merged
         return chars
 
-    def _pick(self, m: llguidance.LLMatcher) -> int:
-        for token in self._alphabet:
+    @staticmethod
+    def _pick(m: llguidance.LLMatcher, alphabet: list[int]) -> int:
+        for token in alphabet:
             if m.validate_tokens([token]) == 1:
                 return token
         return -1
 
-    def _pick_progress(self, m: llguidance.LLMatcher) -> int:
+    @staticmethod
+    def _pick_progress(m: llguidance.LLMatcher, alphabet: list[int]) -> int:
         """After a character repeated: the first allowed one after which the grammar allows a
         different set of tokens (``/`` in ``[a-z]+/``: letters lead back to the same state), else
         the first allowed one (a ``minLength`` string: every letter is progress)."""
         here = m.compute_bitmask()
         first, tried = -1, 0
-        for token in self._alphabet:
+        for token in alphabet:
             if tried == PROGRESS_CANDIDATES:
                 break
             if m.validate_tokens([token]) != 1:
@@ -102,7 +119,8 @@ class Closer:
                 first = token
             m.consume_token(token)
             changed = m.compute_bitmask() != here
-            m.rollback(1)
+            if not m.rollback(1):
+                return -1
             if changed:
                 return token
         return first

@@ -13,6 +13,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import llguidance
@@ -20,7 +21,10 @@ import llguidance
 from trillium.protocol import SamplingParamError, SamplingParams, StructuredOutputs
 from trillium.protocol.structured import JSON_OPTIONS
 from trillium.structured.closer import Closer
+from trillium.structured.guard import OutputGuard
 from trillium.structured.matcher import GrammarMatcher
+from trillium.structured.schema_rewrite import prepare_schema
+from trillium.structured.value_checks import CheckNode
 
 if TYPE_CHECKING:
     import tokenizers
@@ -93,11 +97,23 @@ def constraint_key(constraint: StructuredOutputs) -> tuple[str, str]:
 class CompiledGrammar:
     """A compiled constraint: hands out fresh per-request matchers. Immutable after construction."""
 
-    def __init__(self, key: str, kind: str, template: llguidance.LLMatcher, closer: Closer | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        kind: str,
+        template: llguidance.LLMatcher,
+        closer: Closer | None = None,
+        checks: CheckNode | None = None,
+        token_bytes: Callable[[int], bytes] | None = None,
+    ) -> None:
         self.key = key  # content hash of (kind, normalized text)
         self.kind = kind
         self._template = template  # never advanced: only deep-copied
         self.closer = closer  # JSON constraints: how outputs are closed before max_tokens
+        # The schema's keywords the grammar could not express, checked as values complete
+        # (``guard``); None when the grammar enforces the whole constraint.
+        self.checks = checks
+        self._token_bytes = token_bytes
         # Tokens of the shortest complete output the closer finds from the start (0: no closer):
         # a smaller max_tokens could not be closed in time.
         closing = closer.closing(template) if closer is not None else None
@@ -116,7 +132,11 @@ class CompiledGrammar:
 
     def new_matcher(self, *, close: bool = True) -> GrammarMatcher:
         """A fresh matcher; ``close=False`` opts out of closing the output early."""
-        return GrammarMatcher(self._template.deep_copy(), self.closer if close else None)
+        guard = None
+        if self.checks is not None:
+            assert self._token_bytes is not None
+            guard = OutputGuard(self.checks, self._token_bytes)
+        return GrammarMatcher(self._template.deep_copy(), self.closer if close else None, guard)
 
 
 class GrammarCompiler:
@@ -125,6 +145,7 @@ class GrammarCompiler:
     def __init__(self, ll_tokenizer: llguidance.LLTokenizer, cache_size: int = CACHE_SIZE) -> None:
         self.ll_tokenizer = ll_tokenizer
         self.closer = Closer(ll_tokenizer)
+        self._token_bytes: Callable[[int], bytes] = lambda t: ll_tokenizer.decode_bytes([t])
         self.cache_size = cache_size
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
@@ -155,12 +176,21 @@ class GrammarCompiler:
         if hit is not None:
             return hit
         digest, kind, text = self.key_of(constraint)
+        checks = None
+        if kind == "json":  # keywords llguidance cannot compile are relaxed out and checked
+            try:
+                prepared = prepare_schema(json.loads(text))
+            except ValueError as exc:  # unsatisfiable, or a keyword not even a check enforces
+                raise GrammarError(_describe(kind, str(exc))) from None
+            text, checks = json.dumps(prepared.grammar_schema, ensure_ascii=False), prepared.root
         template = llguidance.LLMatcher(
             self.ll_tokenizer, _to_llguidance(kind, text), log_level=0, limits=PARSER_LIMITS
         )
         if template.is_error():
             raise GrammarError(_describe(kind, template.get_error()))
-        compiled = CompiledGrammar(digest, kind, template, self.closer if kind == "json" else None)
+        compiled = CompiledGrammar(
+            digest, kind, template, self.closer if kind == "json" else None, checks, self._token_bytes
+        )
         with self._lock:
             self._cache[digest] = compiled
             self.num_compiled += 1

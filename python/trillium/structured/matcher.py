@@ -5,22 +5,28 @@ from __future__ import annotations
 import llguidance
 
 from trillium.structured.closer import Closer
+from trillium.structured.guard import OutputGuard
 
 
 class GrammarMatcher:
     """Wraps an ``llguidance.LLMatcher``. Not thread-safe: the scheduler advances it on the event
     loop between steps; the grammar thread reads it (fills its mask) only while a step runs.
 
-    ``closer`` is set for JSON constraints: the scheduler closes such an output before its
+    ``guard`` (``structured.guard``) holds the value checks of schema keywords the grammar
+    cannot express, the tokens banned after a failed check, and the output held back from the
+    client until its checks pass. ``closer`` is set for JSON constraints: the scheduler closes such an output before its
     allowance runs out (:meth:`closing`); ``closing_length`` and ``closing_age`` are its
     bookkeeping (the last closing's length in tokens, -1 before the first or when none exists,
     and the steps since it was computed)."""
 
-    __slots__ = ("_m", "closer", "closing_age", "closing_length", "num_tokens")
+    __slots__ = ("_m", "closer", "closing_age", "closing_length", "guard", "num_tokens")
 
-    def __init__(self, matcher: llguidance.LLMatcher, closer: Closer | None = None) -> None:
+    def __init__(
+        self, matcher: llguidance.LLMatcher, closer: Closer | None = None, guard: OutputGuard | None = None
+    ) -> None:
         self._m = matcher
         self.closer = closer
+        self.guard = guard  # value checks of keywords the grammar cannot express, or None
         self.num_tokens = 0  # tokens consumed (the output's length, as far as the grammar saw it)
         self.closing_length = -1
         self.closing_age = 0
@@ -47,19 +53,26 @@ class GrammarMatcher:
         self.num_tokens += len(token_ids) if ok else 0
         return ok
 
-    def rollback(self, num_tokens: int) -> None:
-        """Forget the last ``num_tokens`` accepted tokens (the output was cut back)."""
-        if num_tokens > 0:
-            if not self._m.rollback(num_tokens):
-                raise RuntimeError(f"the grammar could not roll back {num_tokens} tokens: {self._m.get_error()}")
-            self.num_tokens -= num_tokens
+    def rollback(self, num_tokens: int) -> bool:
+        """Forget the last ``num_tokens`` accepted tokens (the output was cut back). False if the
+        matcher could not (it is in error: :attr:`error` says why)."""
+        if num_tokens <= 0:
+            return True
+        if self._m.is_error() or not self._m.rollback(num_tokens):
+            return False
+        self.num_tokens -= num_tokens
+        return True
 
-    def closing(self) -> list[int] | None:
+    def closing(self, variant: int = 0) -> list[int] | None:
         """The shortest tokens found that complete the output from here ([] if it is complete),
-        or None (no closer, or none found). Consumes nothing."""
+        or None (no closer, or none found). Consumes nothing. ``variant``: see ``Closer.closing``."""
         if self.closer is None:
             return None
-        return self.closer.closing(self._m)
+        return self.closer.closing(self._m, variant=variant)
+
+    def bitmask(self) -> bytes:
+        """The grammar's allowed tokens from here, one bit per token id (little-endian)."""
+        return self._m.compute_bitmask()
 
     @property
     def is_terminated(self) -> bool:

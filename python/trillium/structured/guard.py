@@ -1,0 +1,120 @@
+"""The value checks of one constrained request: keywords its grammar cannot express.
+
+A JSON Schema keyword that llguidance cannot compile (``uniqueItems``, ``not``, ``if``/``then``/
+``else``, ``contains``, ``dependentRequired``, ``min/maxProperties`` over optional keys, ...) is
+relaxed out of the grammar (``schema_rewrite``) and checked here instead, on each value as it
+completes (``value_checks.ValueChecker``). A failed check rolls the output back by one token --
+the token that completed the failing value -- and bans that token at that position, so the
+model must continue differently (a duplicate item ``"a"`` becomes ``"ab"``, an object that must
+not end yet gets another property). When every token the grammar allows at a position is banned,
+the token before it is rolled back and banned too (depth-first search, bounded by
+:data:`MAX_VALUE_RETRIES` failures per value). The scheduler does the rolling back
+(``SchedulerPolicy._reject``); this class keeps the per-request state:
+
+- the byte end of every output token (to map the checker's byte offsets to tokens),
+- the bans (output position -> tokens the mask removes there; a ban at a position clears those
+  past it, whose prefix is gone),
+- how many output tokens were released to the client: text from the start of a value that a
+  check may still reject is held back (``ValueChecker.hold_from``), so nothing the client saw is
+  ever taken back,
+- the held tokens' logprobs.
+
+Not thread-safe: the event loop owns it; the grammar thread reads the bans of a step's rows only
+while the step runs (``BitmaskFiller``), when nothing changes them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from trillium.structured.value_checks import CheckFailure, CheckNode, ValueChecker
+
+MAX_VALUE_RETRIES = 16  # failed checks of one value before the request ends in an error
+
+
+class OutputGuard:
+    """Checks, bans and held-back output of one request."""
+
+    def __init__(self, root: CheckNode, token_bytes: Callable[[int], bytes]) -> None:
+        self._root = root
+        self.checker = ValueChecker(root)
+        self._token_bytes = token_bytes
+        self.ends: list[int] = []  # byte end of each output token the checker saw
+        self.bans: dict[int, set[int]] = {}
+        self.retries: Counter[int] = Counter()  # value start (byte offset) -> failed checks
+        self.num_released = 0  # output tokens delivered to the client
+        self._logprobs: dict[int, Any] = {}  # output position -> its logprobs entry, while held
+        self.num_rejected = 0  # tokens rolled back by failed checks
+
+    def feed(self, token_id: int, *, end: bool = False) -> CheckFailure | None:
+        """Check the output after one more token; ``end``: it ends the output (EOS, a stop token),
+        so it is no JSON: a pending top-level value completes."""
+        if end:
+            self.ends.append(self.ends[-1] if self.ends else 0)
+            return self.checker.finish()
+        data = self._token_bytes(token_id)
+        self.ends.append((self.ends[-1] if self.ends else 0) + len(data))
+        return self.checker.feed(data)
+
+    def replay(self, output_token_ids: list[int]) -> None:
+        """The output was cut back to ``output_token_ids``: check it again from the start (those
+        tokens passed before, so nothing fails)."""
+        del self.ends[len(output_token_ids) :]
+        self.checker.reset()
+        if output_token_ids:
+            self.checker.feed(b"".join(self._token_bytes(t) for t in output_token_ids[: len(self.ends)]))
+
+    def accepts(self, output_token_ids: list[int]) -> bool:
+        """Whether the whole output ``output_token_ids`` (a closed one) passes every check."""
+        checker = ValueChecker(self._root)
+        data = b"".join(self._token_bytes(t) for t in output_token_ids)
+        return checker.feed(data) is None and checker.finish() is None
+
+    def ban(self, position: int, token_id: int) -> None:
+        """Never sample ``token_id`` at output ``position`` (again); bans past it are dropped."""
+        for p in [p for p in self.bans if p > position]:
+            del self.bans[p]
+        self.bans.setdefault(position, set()).add(token_id)
+
+    def bans_from(self, position: int, count: int) -> list[tuple[int, int]]:
+        """(row offset, token id) of the bans at positions ``position .. position + count - 1``."""
+        return [(p - position, t) for p in range(position, position + count) for t in self.bans.get(p, ())]
+
+    def has_bans_from(self, position: int) -> bool:
+        return any(p >= position for p in self.bans)
+
+    def dead_end(self, position: int, bitmask: bytes) -> bool:
+        """Whether every token ``bitmask`` (the grammar's, at ``position``) allows is banned there."""
+        allowed = int.from_bytes(bitmask, "little")
+        for t in self.bans.get(position, ()):
+            allowed &= ~(1 << t)
+        return allowed == 0
+
+    def release(
+        self, output_token_ids: list[int], new_logprobs: list[Any] | None, num_new: int, *, finished: bool
+    ) -> tuple[list[int], list[Any] | None]:
+        """After a step that left the output as ``output_token_ids``, its last ``num_new`` tokens
+        (with ``new_logprobs``, one per sampled token, when asked) new: the tokens (and logprobs)
+        that can now be delivered -- all when ``finished``, else those before the value a check
+        may still reject."""
+        n = len(output_token_ids)
+        first_new = n - num_new
+        for p in [p for p in self._logprobs if p >= first_new]:
+            del self._logprobs[p]
+        if new_logprobs is not None:
+            for j, entry in enumerate(new_logprobs):
+                self._logprobs[first_new + j] = entry
+        upto = n
+        if not finished:
+            hold = self.checker.hold_from
+            if hold is not None:
+                upto = max(self.num_released, bisect.bisect_right(self.ends, hold))
+        tokens = output_token_ids[self.num_released : upto]
+        logprobs = None
+        if new_logprobs is not None or self._logprobs:
+            logprobs = [self._logprobs.pop(p) for p in range(self.num_released, upto) if p in self._logprobs]
+        self.num_released = upto
+        return tokens, logprobs
