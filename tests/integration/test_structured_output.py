@@ -302,7 +302,15 @@ def test_logprobs_are_those_of_the_masked_distribution(http):
         ),
         ({"response_format": {"type": "yaml"}}, "response_format.type"),
         (
-            {"structured_outputs": {"json": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}}},
+            {
+                "structured_outputs": {
+                    "json": {
+                        "type": "object",
+                        "properties": {"a": {"enum": [1], "not": {"const": 1}}},
+                        "required": ["a"],
+                    }
+                }
+            },
             "structured_outputs.json",
         ),
         ({"structured_outputs": {"json": {"$ref": "#/definitions/missing"}}}, "structured_outputs.json"),
