@@ -47,7 +47,7 @@ from trillium.scheduler.request import Request, RequestStatus
 from trillium.speculative import DraftDepth, NgramProposer, SpecStats
 from trillium.speculative.draft_slots import DraftSlots
 from trillium.structured.closer import NUM_VARIANTS
-from trillium.structured.guard import MAX_VALUE_RETRIES
+from trillium.structured.guard import MAX_VALUE_RETRIES, RESTART_AFTER
 from trillium.structured.value_checks import CheckFailure
 
 # Closing a JSON output (``SchedulerPolicy._close_if_due``): recomputed every step once the
@@ -401,14 +401,26 @@ class SchedulerPolicy:
         output = request.output_token_ids
         if guard.retries[failure.value_start] > MAX_VALUE_RETRIES:
             return FinishReason.ERROR, f"no output satisfying the schema was found: {failure.message}"
+        # Usually only how the value ended is taken back; a value that keeps failing starts over.
+        restart = guard.retries[failure.value_start] > RESTART_AFTER
+        first = max(guard.token_at(failure.value_start), guard.num_released) if restart else len(output) - 1
+        also = [] if restart else guard.completing_alike(output)
         while True:
             if not matcher.rollback(1):
                 return FinishReason.ERROR, f"the grammar could not take a token back: {matcher.error}"
             token = output.pop()
             guard.num_rejected += 1
-            guard.ban(len(output), token)
-            if len(output) <= guard.num_released or not guard.dead_end(len(output), matcher.bitmask()):
+            if len(output) > first:
+                continue  # inside the value that starts over
+            guard.ban(len(output), token, also)
+            if not guard.dead_end(len(output), matcher.bitmask()):
                 break
+            if len(output) <= guard.num_released:
+                # Nothing else is allowed here and what came before was delivered: retry without
+                # this ban (a sampled retry may differ further on; the retry bound still holds).
+                guard.unban(len(output), [token, *also])
+                break
+            also = []
         guard.replay(output)
         self.num_rejected_tokens += 1
         if self.proposer is not None:
@@ -487,10 +499,10 @@ class SchedulerPolicy:
         assert matcher is not None and matcher.guard is not None
         guard = matcher.guard
         for _ in range(CLOSE_BACKTRACK):
+            guard.replay(output)
             for variant in range(NUM_VARIANTS):
-                c = matcher.closing(variant)
+                c = matcher.closing(variant, checked=True, limit=4 * room + 16)
                 if c is not None and len(c) <= room and guard.accepts(output + c):
-                    guard.replay(output)
                     return c, kept
             if len(output) <= guard.num_released or not matcher.rollback(1):
                 break

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import llguidance
 
+from trillium.structured.value_checks import ValueChecker
+
 # Single characters, most preferred first (see the module docstring). The tail is every other
 # printable ASCII character, for grammars that are not JSON.
 PREFERENCE = '"a]},0n-ft[{1:'
@@ -58,14 +60,23 @@ class Closer:
                 out.append(ids[0])
         return out
 
-    def closing(self, matcher: llguidance.LLMatcher, limit: int = MAX_CHARS, variant: int = 0) -> list[int] | None:
+    def closing(
+        self,
+        matcher: llguidance.LLMatcher,
+        limit: int = MAX_CHARS,
+        variant: int = 0,
+        checker: ValueChecker | None = None,
+    ) -> list[int] | None:
         """Tokens that take ``matcher`` (not modified) to a state where the output is complete, or
         None when none was found within ``limit`` characters. [] if it is complete already.
-        ``variant`` (0 .. NUM_VARIANTS - 1) picks other characters for the values it invents."""
+        ``variant`` (0 .. NUM_VARIANTS - 1) picks other characters for the values it invents.
+        ``checker`` (the request's value checks, as they stand; it is consumed): each character
+        must also pass them -- a ``}`` that would leave out a property an ``if``/``then`` needs
+        gives way to ``,`` -- and the closed output too."""
         if matcher.is_error():
             return None
         if matcher.is_accepting():
-            return []
+            return [] if checker is None or checker.finish() is None else None
         alphabet = self._alphabets[variant]
         m = matcher.deep_copy()
         chars: list[int] = []  # the closing as single-character (or forced) tokens
@@ -77,10 +88,17 @@ class Closer:
             if forced:
                 if not m.consume_tokens(forced):
                     return None
+                if checker is not None and checker.feed(self._ll_tokenizer.decode_bytes(forced)) is not None:
+                    return None
                 chars.extend(forced)
                 last, repeats = -1, 0
                 continue
-            choice = self._pick_progress(m, alphabet) if repeats >= MAX_REPEAT else self._pick(m, alphabet)
+            if checker is not None:
+                choice, checker = self._pick_checked(m, alphabet, checker)
+            elif repeats >= MAX_REPEAT:
+                choice = self._pick_progress(m, alphabet)
+            else:
+                choice = self._pick(m, alphabet)
             if choice < 0 or not m.consume_token(choice):
                 return None
             chars.append(choice)
@@ -90,10 +108,24 @@ class Closer:
             last = choice
         else:
             return None
+        if checker is not None and checker.finish() is not None:
+            return None
         merged = self._ll_tokenizer.tokenize_bytes(self._ll_tokenizer.decode_bytes(chars))
         if len(merged) < len(chars) and _completes(matcher, merged):
             return merged
         return chars
+
+    def _pick_checked(
+        self, m: llguidance.LLMatcher, alphabet: list[int], checker: ValueChecker
+    ) -> tuple[int, ValueChecker]:
+        """The first allowed character that the value checks also pass, and the checker after it."""
+        for token in alphabet:
+            if m.validate_tokens([token]) != 1:
+                continue
+            trial = checker.copy()
+            if trial.feed(self._ll_tokenizer.decode_bytes([token])) is None:
+                return token, trial
+        return -1, checker
 
     @staticmethod
     def _pick(m: llguidance.LLMatcher, alphabet: list[int]) -> int:

@@ -21,7 +21,7 @@ import llguidance
 from trillium.protocol import SamplingParamError, SamplingParams, StructuredOutputs
 from trillium.protocol.structured import JSON_OPTIONS
 from trillium.structured.closer import Closer
-from trillium.structured.guard import OutputGuard
+from trillium.structured.guard import CompletionIndex, OutputGuard
 from trillium.structured.matcher import GrammarMatcher
 from trillium.structured.schema_rewrite import prepare_schema
 from trillium.structured.value_checks import CheckNode
@@ -105,6 +105,7 @@ class CompiledGrammar:
         closer: Closer | None = None,
         checks: CheckNode | None = None,
         token_bytes: Callable[[int], bytes] | None = None,
+        completion_index: CompletionIndex | None = None,
     ) -> None:
         self.key = key  # content hash of (kind, normalized text)
         self.kind = kind
@@ -114,6 +115,7 @@ class CompiledGrammar:
         # (``guard``); None when the grammar enforces the whole constraint.
         self.checks = checks
         self._token_bytes = token_bytes
+        self._completion_index = completion_index
         # Tokens of the shortest complete output the closer finds from the start (0: no closer):
         # a smaller max_tokens could not be closed in time.
         closing = closer.closing(template) if closer is not None else None
@@ -135,7 +137,7 @@ class CompiledGrammar:
         guard = None
         if self.checks is not None:
             assert self._token_bytes is not None
-            guard = OutputGuard(self.checks, self._token_bytes)
+            guard = OutputGuard(self.checks, self._token_bytes, self._completion_index)
         return GrammarMatcher(self._template.deep_copy(), self.closer if close else None, guard)
 
 
@@ -146,6 +148,7 @@ class GrammarCompiler:
         self.ll_tokenizer = ll_tokenizer
         self.closer = Closer(ll_tokenizer)
         self._token_bytes: Callable[[int], bytes] = lambda t: ll_tokenizer.decode_bytes([t])
+        self._completion_index: CompletionIndex | None = None  # built with the first checked schema
         self.cache_size = cache_size
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
@@ -188,8 +191,16 @@ class GrammarCompiler:
         )
         if template.is_error():
             raise GrammarError(_describe(kind, template.get_error()))
+        if checks is not None and self._completion_index is None:
+            self._completion_index = CompletionIndex(self.ll_tokenizer.vocab_size, self._token_bytes)
         compiled = CompiledGrammar(
-            digest, kind, template, self.closer if kind == "json" else None, checks, self._token_bytes
+            digest,
+            kind,
+            template,
+            self.closer if kind == "json" else None,
+            checks,
+            self._token_bytes,
+            self._completion_index,
         )
         with self._lock:
             self._cache[digest] = compiled

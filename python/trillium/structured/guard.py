@@ -26,19 +26,46 @@ while the step runs (``BitmaskFiller``), when nothing changes them.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from trillium.structured.value_checks import CheckFailure, CheckNode, ValueChecker
 
-MAX_VALUE_RETRIES = 16  # failed checks of one value before the request ends in an error
+MAX_VALUE_RETRIES = 32  # failed checks of one value before the request ends in an error
+# After this many failed checks of one value, the retry starts the value over (its first token
+# is banned) instead of changing only how it ends: ``"admin"`` under ``not: {pattern: "^a"}``
+# fails however it ends.
+RESTART_AFTER = 3
+_STRUCTURAL = frozenset(b'"]},:')
+
+
+class CompletionIndex:
+    """Token ids by the bytes they start with, up to each structural byte (``"`` ``]`` ``}`` ``,``
+    ``:``): the tokens that would complete a value the same way as a rejected one (``5}`` and
+    ``5},`` both close the object after ``5``). Built once per tokenizer (~0.1 s)."""
+
+    def __init__(self, vocab_size: int, token_bytes: Callable[[int], bytes]) -> None:
+        self._by_prefix: dict[bytes, list[int]] = {}
+        for t in range(vocab_size):
+            data = token_bytes(t)
+            for j, byte in enumerate(data):
+                if byte in _STRUCTURAL:
+                    self._by_prefix.setdefault(data[: j + 1], []).append(t)
+
+    def starting_with(self, prefix: bytes) -> list[int]:
+        """Tokens whose bytes start with ``prefix`` (which ends in a structural byte)."""
+        return self._by_prefix.get(prefix, [])
 
 
 class OutputGuard:
     """Checks, bans and held-back output of one request."""
 
-    def __init__(self, root: CheckNode, token_bytes: Callable[[int], bytes]) -> None:
+    def __init__(
+        self, root: CheckNode, token_bytes: Callable[[int], bytes], index: CompletionIndex | None = None
+    ) -> None:
+        self._index = index
         self._root = root
         self.checker = ValueChecker(root)
         self._token_bytes = token_bytes
@@ -62,10 +89,10 @@ class OutputGuard:
     def replay(self, output_token_ids: list[int]) -> None:
         """The output was cut back to ``output_token_ids``: check it again from the start (those
         tokens passed before, so nothing fails)."""
-        del self.ends[len(output_token_ids) :]
+        pieces = [self._token_bytes(t) for t in output_token_ids]
+        self.ends = list(itertools.accumulate(len(p) for p in pieces))
         self.checker.reset()
-        if output_token_ids:
-            self.checker.feed(b"".join(self._token_bytes(t) for t in output_token_ids[: len(self.ends)]))
+        self.checker.feed(b"".join(pieces))
 
     def accepts(self, output_token_ids: list[int]) -> bool:
         """Whether the whole output ``output_token_ids`` (a closed one) passes every check."""
@@ -73,11 +100,44 @@ class OutputGuard:
         data = b"".join(self._token_bytes(t) for t in output_token_ids)
         return checker.feed(data) is None and checker.finish() is None
 
-    def ban(self, position: int, token_id: int) -> None:
-        """Never sample ``token_id`` at output ``position`` (again); bans past it are dropped."""
+    def ban(self, position: int, token_id: int, also: list[int] | tuple[int, ...] = ()) -> None:
+        """Never sample ``token_id`` (nor the ``also`` ones) at output ``position`` (again); bans
+        past it are dropped: their prefix is gone."""
         for p in [p for p in self.bans if p > position]:
             del self.bans[p]
-        self.bans.setdefault(position, set()).add(token_id)
+        banned = self.bans.setdefault(position, set())
+        banned.add(token_id)
+        banned.update(also)
+
+    def unban(self, position: int, token_ids: list[int]) -> None:
+        banned = self.bans.get(position)
+        if banned is not None:
+            banned.difference_update(token_ids)
+            if not banned:
+                del self.bans[position]
+
+    def completing_alike(self, output_token_ids: list[int]) -> list[int]:
+        """The tokens that would complete a value as the output's last token did (it failed a
+        check): those starting with its bytes up to the one at which the check failed. The
+        checker is replayed to find that byte (only on a failure)."""
+        if self._index is None or not output_token_ids:
+            return []
+        *before, last = output_token_ids
+        checker = ValueChecker(self._root)
+        checker.feed(b"".join(self._token_bytes(t) for t in before))
+        data = self._token_bytes(last)
+        for j in range(len(data)):
+            if checker.feed(data[j : j + 1]) is not None:
+                return self._index.starting_with(data[: j + 1]) if data[j] in _STRUCTURAL else []
+        return []
+
+    def token_at(self, byte_offset: int) -> int:
+        """Index of the output token holding byte ``byte_offset``."""
+        return bisect.bisect_right(self.ends, byte_offset)
+
+    def checker_copy(self) -> ValueChecker:
+        """A copy of the checker as it stands (for trying closings)."""
+        return self.checker.copy()
 
     def bans_from(self, position: int, count: int) -> list[tuple[int, int]]:
         """(row offset, token id) of the bans at positions ``position .. position + count - 1``."""

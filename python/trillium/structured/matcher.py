@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import llguidance
 
-from trillium.structured.closer import Closer
+from trillium.structured.closer import MAX_CHARS, Closer
 from trillium.structured.guard import OutputGuard
 
 
@@ -63,12 +63,15 @@ class GrammarMatcher:
         self.num_tokens -= num_tokens
         return True
 
-    def closing(self, variant: int = 0) -> list[int] | None:
+    def closing(self, variant: int = 0, *, checked: bool = False, limit: int = MAX_CHARS) -> list[int] | None:
         """The shortest tokens found that complete the output from here ([] if it is complete),
-        or None (no closer, or none found). Consumes nothing. ``variant``: see ``Closer.closing``."""
+        or None (no closer, or none found). Consumes nothing. ``variant``: see ``Closer.closing``;
+        ``checked``: the closing must also pass the guard's value checks (its checker must
+        stand where the output does); ``limit``: at most this many characters."""
         if self.closer is None:
             return None
-        return self.closer.closing(self._m, variant=variant)
+        checker = self.guard.checker_copy() if checked and self.guard is not None else None
+        return self.closer.closing(self._m, limit, variant, checker)
 
     def bitmask(self) -> bytes:
         """The grammar's allowed tokens from here, one bit per token id (little-endian)."""

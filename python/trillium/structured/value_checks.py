@@ -272,6 +272,16 @@ class _Frame:
         self.child: CheckNode | None = None  # node of the member value being parsed
         self.seen: set[Any] = set()  # canonical items, for uniqueItems
 
+    def copy(self) -> _Frame:
+        other = _Frame(self.is_object, self.node, self.start)
+        other.count, other.member_start, other.child, other.seen = (
+            self.count,
+            self.member_start,
+            self.child,
+            set(self.seen),
+        )
+        return other
+
 
 # Parser states: what the next byte may be.
 _VALUE, _VALUE_OR_CLOSE, _KEY, _KEY_OR_CLOSE, _COLON, _AFTER, _STRING, _NUMBER, _LITERAL, _END = range(10)
@@ -304,6 +314,14 @@ class ValueChecker:
         self._is_key = False
         self._literal_left = 0
         self._failure: CheckFailure | None = None
+
+    def copy(self) -> ValueChecker:
+        """An independent checker in the same state (the nodes are shared: they are immutable)."""
+        other = ValueChecker.__new__(ValueChecker)
+        other.__dict__.update(self.__dict__)
+        other._buf = bytearray(self._buf)
+        other._stack = [frame.copy() for frame in self._stack]
+        return other
 
     @property
     def num_bytes(self) -> int:
