@@ -14,8 +14,9 @@ each of its compiles runs in a forked child that is killed after ``--compile-tim
 
 ``e2e``: generates (greedy) with the default model for ``--count`` schemas (a fixed random
 sample of those llguidance compiles and whose prompt fits) and reports the share of outputs
-that validate with ``jsonschema``; an output cut by ``max_tokens`` counts as invalid. ``steps``: the mean step time at one batch size with and without
-a JSON Schema constraint (jump-forward off, so both runs take the same steps).
+that validate with ``jsonschema``; an output cut by ``max_tokens`` counts as invalid. ``steps``: the mean step time at one batch size with no constraint, a JSON Schema
+constraint, and the same schema with keywords enforced by value checks (jump-forward and
+closing off, so the runs take the same steps unless a check takes tokens back).
 """
 
 from __future__ import annotations
@@ -385,6 +386,16 @@ STEP_SCHEMA = {
 }
 
 
+def _checked_step_schema() -> dict:
+    """STEP_SCHEMA plus keywords no grammar expresses, checked as values complete (the items
+    unique; each item's property names checked with jsonschema when it closes)."""
+    schema = json.loads(json.dumps(STEP_SCHEMA))
+    items = schema["properties"]["items"]
+    items["uniqueItems"] = True
+    items["items"]["propertyNames"] = {"not": {"pattern": "^zz"}}
+    return schema
+
+
 def cmd_steps(args, llm) -> None:
     from trillium import SamplingParams
     from trillium.protocol import StructuredOutputs
@@ -397,12 +408,21 @@ def cmd_steps(args, llm) -> None:
     llm.chat(prompts[:2], SamplingParams(max_tokens=4))  # warm up
     # Alternate the two runs ``--repeats`` times and keep each one's median: the machine's other
     # load and warm-up drift then fall on both alike.
-    runs: dict[str, list[dict]] = {"free": [], "json_schema": []}
+    runs: dict[str, list[dict]] = {"free": [], "json_schema": [], "checked": []}
+    kinds = (
+        ("free", None),
+        ("json_schema", StructuredOutputs(json=STEP_SCHEMA)),
+        ("checked", StructuredOutputs(json=_checked_step_schema())),
+    )
     for _ in range(args.repeats):
-        for label, structured in (("free", None), ("json_schema", StructuredOutputs(json=STEP_SCHEMA))):
+        for label, structured in kinds:
             before = llm.engine.client.stats()
             sampling = SamplingParams(
-                max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, structured=structured
+                max_tokens=args.max_tokens,
+                temperature=0.0,
+                ignore_eos=True,
+                structured=structured,
+                close_structured_output=False,  # the same steps for every kind
             )
             start = time.perf_counter()
             outs = llm.chat(prompts, sampling)
@@ -419,12 +439,16 @@ def cmd_steps(args, llm) -> None:
                     "mean_step_ms": round(1e3 * delta("step_seconds") / steps, 2),
                     "tokens": sum(len(o.token_ids) for o in outs),
                     "wall_s": round(wall, 2),
+                    # the whole step as the client sees it: also the scheduler's update, where
+                    # value checks run (mean_step_ms is the executor's part only)
+                    "wall_ms_per_step": round(1e3 * wall / steps, 2),
                     "fill_ms_per_step": round(1e3 * delta("grammar_fill_seconds") / steps, 3),
                     "wait_ms_per_step": round(1e3 * delta("grammar_wait_seconds") / steps, 3),
                 }
             )
     results = {label: sorted(r, key=lambda x: x["mean_step_ms"])[len(r) // 2] for label, r in runs.items()}
     free, constrained = results["free"]["mean_step_ms"], results["json_schema"]["mean_step_ms"]
+    wall_constrained, wall_checked = (results[k]["wall_ms_per_step"] for k in ("json_schema", "checked"))
     print(
         json.dumps(
             {
@@ -434,6 +458,7 @@ def cmd_steps(args, llm) -> None:
                 **results,
                 "all_mean_step_ms": {k: [x["mean_step_ms"] for x in r] for k, r in runs.items()},
                 "overhead_pct": round(100 * (constrained - free) / free, 1),
+                "checks_overhead_pct": round(100 * (wall_checked - wall_constrained) / wall_constrained, 1),
             }
         ),
         flush=True,

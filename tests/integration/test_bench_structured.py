@@ -44,3 +44,4 @@ def test_steps_compares_free_and_constrained_runs():
     # (Step counts may differ by one: the second run's prompts hit the prefix cache.)
     assert line["free"]["steps"] > 0 and line["json_schema"]["steps"] > 0
     assert "overhead_pct" in line and line["json_schema"]["wait_ms_per_step"] >= 0
+    assert line["checked"]["tokens"] == 8 and "checks_overhead_pct" in line
