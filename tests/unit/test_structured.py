@@ -281,6 +281,7 @@ async def test_a_small_allowance_still_returns_valid_closed_json(tok, compiler, 
     jsonschema.validate(json.loads(tok.decode(ids)), DEEP)
     assert len(ids) <= max_tokens
     assert reason == FinishReason.LENGTH and actor.closed_early["r"]
+    assert actor.stats.latest.num_closed_outputs == 1  # /stats counts it
 
 
 async def test_jump_forward_appends_forced_tokens_and_counts_them(tok, compiler):
@@ -343,4 +344,4 @@ async def test_keywords_beyond_the_grammar_are_enforced_by_checks(tok, compiler,
     ids, reason = results["r"]
     jsonschema.validate(json.loads(tok.decode(ids)), schema)
     assert reason in (FinishReason.STOP, FinishReason.LENGTH)
-    assert actor.policy.num_rejected_tokens > 0  # the checks had to act
+    assert actor.stats.latest.num_rejected_tokens > 0  # the checks had to act (/stats)

@@ -24,6 +24,8 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     num_step_tokens: int = 0  # tokens computed by those steps (prompt + output)
     step_seconds: float = 0.0  # time inside the executor, summed over steps
     num_forced_tokens: int = 0  # structured output: appended by jump-forward, never sampled
+    num_closed_outputs: int = 0  # JSON outputs closed by their grammar's shortest completion before max_tokens
+    num_rejected_tokens: int = 0  # output tokens taken back because a value failed a schema check
     grammar_steps: int = 0  # steps with at least one constrained sampling row
     grammar_masks: int = 0  # constrained rows masked, summed over steps
     grammar_fill_seconds: float = 0.0  # grammar thread filling masks (overlaps the forward pass)

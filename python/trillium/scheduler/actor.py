@@ -362,6 +362,8 @@ class SchedulerActor(Actor):
                 num_step_tokens=self.num_step_tokens,
                 step_seconds=round(self.step_seconds, 3),
                 num_forced_tokens=self.policy.num_forced_tokens,
+                num_closed_outputs=self.policy.num_closed_outputs,
+                num_rejected_tokens=self.policy.num_rejected_tokens,
                 grammar_steps=filler.num_steps if filler is not None else 0,
                 grammar_masks=filler.num_rows if filler is not None else 0,
                 grammar_fill_seconds=round(filler.fill_seconds, 4) if filler is not None else 0.0,

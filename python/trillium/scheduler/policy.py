@@ -410,6 +410,7 @@ class SchedulerPolicy:
                 return FinishReason.ERROR, f"the grammar could not take a token back: {matcher.error}"
             token = output.pop()
             guard.num_rejected += 1
+            self.num_rejected_tokens += 1
             if len(output) > first:
                 continue  # inside the value that starts over
             guard.ban(len(output), token, also)
@@ -422,7 +423,6 @@ class SchedulerPolicy:
                 break
             also = []
         guard.replay(output)
-        self.num_rejected_tokens += 1
         if self.proposer is not None:
             self.proposer.forget(request.request_id)  # its index saw the tokens taken back
         return None, None

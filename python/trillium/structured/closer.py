@@ -46,11 +46,17 @@ class Closer:
         # Token ids of the single characters, most preferred first; variant k (for outputs whose
         # value checks rejected the usual closing, e.g. a duplicate 0 under uniqueItems) puts the
         # digit k and the k-th letter first, so that the values it completes or invents differ.
-        self._alphabets: list[list[int]] = []
+        # Outside a string (``in_string`` False) a ``}`` or ``]`` that the grammar allows comes
+        # before ``"``: it ends the value instead of starting an optional key.
+        self._alphabets: dict[tuple[int, bool], list[int]] = {}
         for k in range(NUM_VARIANTS):
             lead = str(k) + chr(ord("a") + k)
             chars = order if k == 0 else lead + "".join(c for c in order if c not in lead)
-            self._alphabets.append(self._single_tokens(chars))
+            self._alphabets[k, True] = self._single_tokens(chars)
+            self._alphabets[k, False] = self._single_tokens("]}" + chars.replace("]", "").replace("}", ""))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._ll_tokenizer.decode_bytes([token_id])
 
     def _single_tokens(self, chars: str) -> list[int]:
         out = []
@@ -66,30 +72,35 @@ class Closer:
         limit: int = MAX_CHARS,
         variant: int = 0,
         checker: ValueChecker | None = None,
+        in_string: bool = False,
     ) -> list[int] | None:
         """Tokens that take ``matcher`` (not modified) to a state where the output is complete, or
         None when none was found within ``limit`` characters. [] if it is complete already.
         ``variant`` (0 .. NUM_VARIANTS - 1) picks other characters for the values it invents.
         ``checker`` (the request's value checks, as they stand; it is consumed): each character
         must also pass them -- a ``}`` that would leave out a property an ``if``/``then`` needs
-        gives way to ``,`` -- and the closed output too."""
+        gives way to ``,`` -- and the closed output too. ``in_string``: the output so far ends
+        inside a JSON string (``string_state``); False at the start of an output."""
         if matcher.is_error():
             return None
         if matcher.is_accepting():
             return [] if checker is None or checker.finish() is None else None
-        alphabet = self._alphabets[variant]
         m = matcher.deep_copy()
         chars: list[int] = []  # the closing as single-character (or forced) tokens
         last, repeats = -1, 0
+        state = (in_string, False)  # (inside a string, after a backslash)
         while len(chars) < limit:
             if m.is_accepting():
                 break
+            alphabet = self._alphabets[variant, state[0]]
             forced = m.compute_ff_tokens()
             if forced:
                 if not m.consume_tokens(forced):
                     return None
-                if checker is not None and checker.feed(self._ll_tokenizer.decode_bytes(forced)) is not None:
+                data = self._ll_tokenizer.decode_bytes(forced)
+                if checker is not None and checker.feed(data) is not None:
                     return None
+                state = string_state(state, data)
                 chars.extend(forced)
                 last, repeats = -1, 0
                 continue
@@ -101,6 +112,7 @@ class Closer:
                 choice = self._pick(m, alphabet)
             if choice < 0 or not m.consume_token(choice):
                 return None
+            state = string_state(state, self._ll_tokenizer.decode_bytes([choice]))
             chars.append(choice)
             # After a progress check the count starts over: at most one check per MAX_REPEAT
             # characters where every character leads to the same state (a long minLength).
@@ -156,6 +168,19 @@ class Closer:
             if changed:
                 return token
         return first
+
+
+def string_state(state: tuple[bool, bool], data: bytes) -> tuple[bool, bool]:
+    """(inside a JSON string, after a backslash in it) once ``data`` follows ``state``."""
+    in_string, escaped = state
+    for byte in data:
+        if escaped:
+            escaped = False
+        elif in_string and byte == 0x5C:  # backslash
+            escaped = True
+        elif byte == 0x22:  # quote
+            in_string = not in_string
+    return in_string, escaped
 
 
 def _completes(matcher: llguidance.LLMatcher, tokens: list[int]) -> bool:

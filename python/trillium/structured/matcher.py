@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import llguidance
 
-from trillium.structured.closer import MAX_CHARS, Closer
+from trillium.structured.closer import MAX_CHARS, Closer, string_state
 from trillium.structured.guard import OutputGuard
 
 
@@ -19,7 +19,7 @@ class GrammarMatcher:
     bookkeeping (the last closing's length in tokens, -1 before the first or when none exists,
     and the steps since it was computed)."""
 
-    __slots__ = ("_m", "closer", "closing_age", "closing_length", "guard", "num_tokens")
+    __slots__ = ("_m", "_strings", "closer", "closing_age", "closing_length", "guard", "num_tokens")
 
     def __init__(
         self, matcher: llguidance.LLMatcher, closer: Closer | None = None, guard: OutputGuard | None = None
@@ -30,12 +30,17 @@ class GrammarMatcher:
         self.num_tokens = 0  # tokens consumed (the output's length, as far as the grammar saw it)
         self.closing_length = -1
         self.closing_age = 0
+        # With a closer: the JSON string state after each accepted token (closer.string_state),
+        # so a closing knows whether it starts inside a string.
+        self._strings: list[tuple[bool, bool]] = []
 
     def accept(self, token_id: int) -> bool:
         """Advance by one sampled token. False (and the matcher is then in error) if the grammar
         does not allow it; EOS is allowed only where the grammar may end."""
         ok = self._m.consume_token(token_id)
         self.num_tokens += ok
+        if ok and self.closer is not None:
+            self._track([token_id])
         return ok
 
     def validate(self, token_ids: list[int]) -> int:
@@ -51,7 +56,16 @@ class GrammarMatcher:
     def accept_forced(self, token_ids: list[int]) -> bool:
         ok = self._m.consume_tokens(token_ids)
         self.num_tokens += len(token_ids) if ok else 0
+        if ok and self.closer is not None:
+            self._track(token_ids)
         return ok
+
+    def _track(self, token_ids: list[int]) -> None:
+        assert self.closer is not None
+        state = self._strings[-1] if self._strings else (False, False)
+        for t in token_ids:
+            state = string_state(state, self.closer.token_bytes(t))
+            self._strings.append(state)
 
     def rollback(self, num_tokens: int) -> bool:
         """Forget the last ``num_tokens`` accepted tokens (the output was cut back). False if the
@@ -61,6 +75,7 @@ class GrammarMatcher:
         if self._m.is_error() or not self._m.rollback(num_tokens):
             return False
         self.num_tokens -= num_tokens
+        del self._strings[len(self._strings) - num_tokens :]
         return True
 
     def closing(self, variant: int = 0, *, checked: bool = False, limit: int = MAX_CHARS) -> list[int] | None:
@@ -71,7 +86,8 @@ class GrammarMatcher:
         if self.closer is None:
             return None
         checker = self.guard.checker_copy() if checked and self.guard is not None else None
-        return self.closer.closing(self._m, limit, variant, checker)
+        in_string = self._strings[-1][0] if self._strings else False
+        return self.closer.closing(self._m, limit, variant, checker, in_string)
 
     def bitmask(self) -> bytes:
         """The grammar's allowed tokens from here, one bit per token id (little-endian)."""
