@@ -334,15 +334,18 @@ def _e2e_run(llm, args, chosen, close: bool) -> dict:
     seconds = time.perf_counter() - start
     valid = stopped = closed = 0
     per_subset: dict[str, list[int]] = {}
-    for (subset, _, schema, _), out in zip(chosen, outputs):
+    for (subset, name, schema, _), out in zip(chosen, outputs):
         ok = False
         stopped += out.finish_reason == "stop"
         closed += out.closed_early
         try:
             jsonschema.validate(json.loads(out.text), schema)
             ok = True
-        except (ValueError, jsonschema.ValidationError):
-            pass
+        except (ValueError, jsonschema.ValidationError) as exc:
+            if args.show_invalid:
+                print(
+                    f"invalid ({'closed' if close else 'cut'}) {name}: {out.finish_reason} {exc}"[:400], file=sys.stderr
+                )
         except Exception:  # the validator tripped on the schema (e.g. an unresolvable remote $ref)
             pass
         valid += ok
@@ -480,6 +483,7 @@ def main() -> None:
     e2e.add_argument("--max-tokens", type=int, default=256)
     e2e.add_argument("--max-prompt-tokens", type=int, default=3000)
     e2e.add_argument("--seed", type=int, default=0)
+    e2e.add_argument("--show-invalid", action="store_true", help="print each invalid output's schema and error")
     e2e.add_argument(
         "--repetition-penalty",
         type=float,

@@ -55,7 +55,7 @@ from trillium.structured.value_checks import CheckFailure
 # CLOSE_RECHECK steps.
 CLOSE_MARGIN = 64  # a value opening in one step can add tens of tokens (an item's required keys)
 CLOSE_RECHECK = 8
-CLOSE_BACKTRACK = 32  # held tokens a closing that fails value checks may be moved back over
+CLOSE_BACKTRACK = 8  # held tokens a closing that fails value checks may be moved back over
 
 
 @dataclasses.dataclass(frozen=True)
@@ -500,8 +500,10 @@ class SchedulerPolicy:
         guard = matcher.guard
         for _ in range(CLOSE_BACKTRACK):
             guard.replay(output)
+            # One closing built under the checks (slower: a checker copy per character tried),
+            # then the plain variants, each verified.
             for variant in range(NUM_VARIANTS):
-                c = matcher.closing(variant, checked=True, limit=4 * room + 16)
+                c = matcher.closing(variant, checked=variant == 0, limit=4 * room + 16)
                 if c is not None and len(c) <= room and guard.accepts(output + c):
                     return c, kept
             if len(output) <= guard.num_released or not matcher.rollback(1):
