@@ -464,6 +464,9 @@ class SchedulerPolicy:
                 return None
         matcher.closing_age = 0
         closing = matcher.closing()
+        if closing is None and room > CLOSE_MARGIN:
+            matcher.closing_length = 0  # none found from here; far from the end: try again later
+            return None
         kept = len(new_token_ids)
         while (closing is None or len(closing) > room) and kept > 0 and matcher.rollback(1):
             kept -= 1
