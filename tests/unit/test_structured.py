@@ -345,3 +345,18 @@ async def test_keywords_beyond_the_grammar_are_enforced_by_checks(tok, compiler,
     jsonschema.validate(json.loads(tok.decode(ids)), schema)
     assert reason in (FinishReason.STOP, FinishReason.LENGTH)
     assert actor.stats.latest.num_rejected_tokens > 0  # the checks had to act (/stats)
+
+
+async def test_a_checked_top_level_number_is_checked_when_eos_ends_it(tok, compiler):
+    """The end of the output (EOS, or the grammar complete) completes a top-level number: its
+    checks run then (EOS itself is no JSON); "0" is even, so it is taken back and banned."""
+    schema = {"type": "integer", "minimum": 0, "maximum": 99, "not": {"multipleOf": 2}}
+    grammar = compiler.compile(StructuredOutputs(json=schema))
+    assert grammar.checks is not None
+    results, actor, _ = await run_requests(
+        tok, [("r", SamplingParams(max_tokens=8, structured=StructuredOutputs(json=schema)), grammar)]
+    )
+    ids, reason = results["r"]
+    assert reason == FinishReason.STOP
+    value = json.loads(tok.decode([t for t in ids if t not in tok.eos_token_ids]))
+    assert value % 2 == 1 and actor.stats.latest.num_rejected_tokens > 0

@@ -278,12 +278,17 @@ class SchedulerPolicy:
                 and request.matcher.closer is not None
                 and reason in (None, FinishReason.LENGTH)
             ):
-                kept = self._close_if_due(request, new_token_ids)
+                try:
+                    kept = self._close_if_due(request, new_token_ids)
+                except Exception as exc:  # a closing or check that cannot run fails this request only
+                    kept, reason, error = None, FinishReason.ERROR, f"closing the output failed: {exc!r}"
                 if kept is not None:
                     reason, closed = FinishReason.LENGTH, True
                     if lp is not None:
                         lp = lp[:kept]  # the closing's tokens were not sampled: none
-            if guard is not None:  # deliver only what no check can take back any more
+            if guard is not None and reason == FinishReason.ERROR:
+                new_token_ids, lp = [], None  # what was held back never passed its checks
+            elif guard is not None:  # deliver only what no check can take back any more
                 new_token_ids, lp = guard.release(
                     request.output_token_ids, lp, len(new_token_ids), finished=reason is not None
                 )
@@ -374,10 +379,14 @@ class SchedulerPolicy:
                     return appended, FinishReason.ERROR, f"the grammar rejected token {t}: {matcher.error}"
                 guard = matcher.guard
                 if guard is not None:
-                    ends = reason == FinishReason.STOP or matcher.is_terminated
-                    failure = guard.feed(t, end=ends and not matcher.is_terminated)
-                    if failure is None and matcher.is_terminated:
-                        failure = guard.checker.finish()
+                    # EOS or a stop token is no JSON: it ends the output (a pending number completes).
+                    ends = t in self.config.eos_token_ids or t in request.sampling.stop_token_ids
+                    try:
+                        failure = guard.feed(t, end=ends)
+                        if failure is None and matcher.is_terminated and not ends:
+                            failure = guard.checker.finish()
+                    except Exception as exc:  # a check that cannot run fails this request only
+                        return appended, FinishReason.ERROR, f"the schema checks failed: {exc!r}"
                     if failure is not None:
                         before = len(request.output_token_ids)
                         reason, error = self._reject(request, failure)
@@ -400,6 +409,8 @@ class SchedulerPolicy:
         guard.retries[failure.value_start] += 1
         output = request.output_token_ids
         if guard.retries[failure.value_start] > MAX_VALUE_RETRIES:
+            output.pop()  # (the request ends; nothing held back is delivered: see update)
+            matcher.rollback(1)
             return FinishReason.ERROR, f"no output satisfying the schema was found: {failure.message}"
         # Usually only how the value ended is taken back; a value that keeps failing starts over.
         restart = guard.retries[failure.value_start] > RESTART_AFTER
@@ -463,7 +474,8 @@ class SchedulerPolicy:
             if matcher.closing_age < CLOSE_RECHECK:
                 return None
         matcher.closing_age = 0
-        closing = matcher.closing()
+        limit = 4 * room + 16  # characters: a longer closing cannot fit in ``room`` tokens anyway
+        closing = matcher.closing(limit=limit)
         if closing is None and room > CLOSE_MARGIN:
             matcher.closing_length = 0  # none found from here; far from the end: try again later
             return None
@@ -472,7 +484,7 @@ class SchedulerPolicy:
             kept -= 1
             room += 1
             del request.output_token_ids[-1]
-            closing = matcher.closing()
+            closing = matcher.closing(limit=4 * room + 16)
         if closing is None or len(closing) > room:
             # None found, or the steps since the last check outgrew the room (their tokens were
             # delivered): put back what was taken; the output is cut where it falls.
@@ -501,6 +513,7 @@ class SchedulerPolicy:
         matcher, output = request.matcher, request.output_token_ids
         assert matcher is not None and matcher.guard is not None
         guard = matcher.guard
+        popped: list[int] = []
         for _ in range(CLOSE_BACKTRACK):
             guard.replay(output)
             # One closing built under the checks (slower: a checker copy per character tried),
@@ -508,15 +521,22 @@ class SchedulerPolicy:
             for variant in range(NUM_VARIANTS):
                 c = matcher.closing(variant, checked=variant == 0, limit=4 * room + 16)
                 if c is not None and len(c) <= room and guard.accepts(output + c):
-                    return c, kept
+                    return c, max(kept - len(popped), 0)
             if len(output) <= guard.num_released or not matcher.rollback(1):
                 break
-            output.pop()
+            popped.append(output.pop())
             room += 1
-            kept = max(kept - 1, 0)
+        fallback = matcher.closing(limit=4 * room + 16)
+        if fallback is not None and len(fallback) <= room:
+            guard.replay(output)
+            return fallback, max(kept - len(popped), 0)
+        # Nothing shorter from back there: the usual closing, from where the output stood.
+        popped.reverse()
+        if popped and not matcher.accept_forced(popped):
+            raise RuntimeError(f"the grammar refused tokens it had accepted: {matcher.error}")
+        output.extend(popped)
         guard.replay(output)
-        fallback = matcher.closing()
-        return (fallback if fallback is not None and len(fallback) <= room else closing), kept
+        return closing, kept
 
     def _room(self, request: Request) -> int:
         """Output tokens the request may still produce (``max_tokens``, the context)."""

@@ -484,7 +484,7 @@ class ValueChecker:
         the grammar may let end a number, or bytes that are not UTF-8)."""
         try:
             return json.loads(self._buf[start:end])
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             return _UNSET
 
     def _close(self, pos: int, is_object: bool) -> CheckFailure | None:
