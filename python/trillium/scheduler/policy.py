@@ -508,8 +508,9 @@ class SchedulerPolicy:
     def _checked_closing(self, request: Request, closing: list[int], room: int, kept: int) -> tuple[list[int], int]:
         """The usual closing completes or invents a value a check rejects (a duplicate item):
         try the closer's other variants, from the output as it is, then from up to
-        ``CLOSE_BACKTRACK`` tokens earlier (tokens still held back, never delivered ones).
-        Returns the closing to append (the usual one if none passes) and this step's tokens kept."""
+        ``CLOSE_BACKTRACK`` tokens earlier, then from the start of each value still open
+        (always tokens still held back, never delivered ones). Returns the closing to append
+        (the usual one if none passes) and this step's tokens kept."""
         matcher, output = request.matcher, request.output_token_ids
         assert matcher is not None and matcher.guard is not None
         guard = matcher.guard
@@ -526,11 +527,22 @@ class SchedulerPolicy:
                 break
             popped.append(output.pop())
             room += 1
-        fallback = matcher.closing(limit=4 * room + 16)
-        if fallback is not None and len(fallback) <= room:
+        # Then from the start of each value still open, innermost first: the one whose checks
+        # the text so far rules out is written again by the (checked) closer.
+        guard.replay(output)
+        for start in reversed(guard.checker.open_starts):
+            cut = max(guard.token_at(start), guard.num_released)
+            if cut >= len(output) or not matcher.rollback(len(output) - cut):
+                continue
+            popped.extend(reversed(output[cut:]))
+            room += len(output) - cut
+            del output[cut:]
             guard.replay(output)
-            return fallback, max(kept - len(popped), 0)
-        # Nothing shorter from back there: the usual closing, from where the output stood.
+            c = matcher.closing(checked=True, limit=4 * room + 16)
+            if c is not None and len(c) <= room and guard.accepts(output + c):
+                return c, max(kept - len(popped), 0)
+        # None passes: the usual closing, from where the output stood (it parses; the checks
+        # it fails are what the model and the closer could not satisfy in the room left).
         popped.reverse()
         if popped and not matcher.accept_forced(popped):
             raise RuntimeError(f"the grammar refused tokens it had accepted: {matcher.error}")

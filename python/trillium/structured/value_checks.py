@@ -329,6 +329,14 @@ class ValueChecker:
         return len(self._buf)
 
     @property
+    def open_starts(self) -> list[int]:
+        """Byte offsets where the values still open begin, outermost first."""
+        starts = [frame.start for frame in self._stack]
+        if self._state in _SCALAR_STATES:
+            starts.append(self._scalar_start)
+        return starts
+
+    @property
     def hold_from(self) -> int | None:
         """Offset of the start of the outermost open value that a check may still reject, or None.
         Output before it is final as far as the checks go; output from it on may be rolled back."""
