@@ -161,11 +161,10 @@ class Closer:
             tried += 1
             if first < 0:
                 first = token
-            m.consume_token(token)
-            changed = m.compute_bitmask() != here
-            if not m.rollback(1):
-                return -1
-            if changed:
+            # A copy per candidate, not consume + rollback: llguidance's rollback leaves state
+            # behind that can make a later consume exceed its parser limits (ParserTooComplex).
+            trial = m.deep_copy()
+            if trial.consume_token(token) and trial.compute_bitmask() != here:
                 return token
         return first
 

@@ -32,8 +32,11 @@ if TYPE_CHECKING:
 CACHE_SIZE = 256  # compiled grammars kept; an agent fleet reuses a handful of schemas
 
 # llguidance's own resource limits bound the work of one compile (its "fuel"); the actor's
-# wall-clock limit is the second line of defence.
-PARSER_LIMITS = llguidance.LLParserLimits()
+# wall-clock limit is the second line of defence. Its per-step Earley limits are raised 4x:
+# with the defaults, an any-JSON value (additionalProperties: true) holding a key like
+# `type':'integer` stopped the parser as "too complex" in the middle of a speculative step's
+# draft-row fill, and the request failed with a token its mask had allowed.
+PARSER_LIMITS = llguidance.LLParserLimits(max_items_in_row=8000, step_max_items=200_000)
 
 
 class GrammarError(ValueError):
