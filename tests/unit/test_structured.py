@@ -360,3 +360,23 @@ async def test_a_checked_top_level_number_is_checked_when_eos_ends_it(tok, compi
     assert reason == FinishReason.STOP
     value = json.loads(tok.decode([t for t in ids if t not in tok.eos_token_ids]))
     assert value % 2 == 1 and actor.stats.latest.num_rejected_tokens > 0
+
+
+async def test_max_properties_over_optional_keys_ends_the_object_at_the_limit(tok, compiler):
+    """A model that would add every optional property: the separator asking for one property
+    more than maxProperties fails its check, and the object closes instead."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {
+        "type": "object",
+        "properties": {k: {"type": "integer", "minimum": 0, "maximum": 9} for k in "abcdef"},
+        "minProperties": 2,
+        "maxProperties": 3,
+        "additionalProperties": False,
+    }
+    grammar = compiler.compile(StructuredOutputs(json=schema))
+    sampling = SamplingParams(max_tokens=60, structured=StructuredOutputs(json=schema))
+    results, _, _ = await run_requests(tok, [("r", sampling, grammar)], prefer_eos=False)
+    ids, reason = results["r"]
+    value = json.loads(tok.decode(ids))
+    jsonschema.validate(value, schema)
+    assert reason == FinishReason.STOP and len(value) == 3

@@ -434,6 +434,10 @@ class ValueChecker:
         elif state == _AFTER:
             frame = self._stack[-1]
             if byte == 0x2C:  # ','
+                node = frame.node
+                limit = node.max_properties if frame.is_object and node is not None else None
+                if limit is not None and frame.count >= limit:  # a separator asks for one member more
+                    return CheckFailure(f"the object has more than {limit} properties", pos)
                 self._state = _KEY if frame.is_object else _VALUE
                 return None
             if byte == (0x7D if frame.is_object else 0x5D):
