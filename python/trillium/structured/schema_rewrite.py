@@ -53,7 +53,7 @@ CHECK_KEYWORDS: dict[str, str] = {
     "contains": "checked when the array completes (with minContains/maxContains)",
     "uniqueItems": "checked as each item completes (JSON equality: 1 == 1.0, true != 1)",
     "minProperties": "checked when the object closes, if the object has optional properties",
-    "maxProperties": "checked as each key completes, if the object has optional properties",
+    "maxProperties": "checked at the separator asking for one member more (and each key), with optional properties",
     "propertyNames": "checked when the object completes",
     "unevaluatedProperties": "checked when the object completes",
     "unevaluatedItems": "checked when the array completes",
