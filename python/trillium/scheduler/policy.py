@@ -474,8 +474,7 @@ class SchedulerPolicy:
             if matcher.closing_age < CLOSE_RECHECK:
                 return None
         matcher.closing_age = 0
-        limit = 4 * room + 16  # characters: a longer closing cannot fit in ``room`` tokens anyway
-        closing = matcher.closing(limit=limit)
+        closing = matcher.closing(room=room)
         if closing is None and room > CLOSE_MARGIN:
             matcher.closing_length = 0  # none found from here; far from the end: try again later
             return None
@@ -484,7 +483,7 @@ class SchedulerPolicy:
             kept -= 1
             room += 1
             del request.output_token_ids[-1]
-            closing = matcher.closing(limit=4 * room + 16)
+            closing = matcher.closing(room=room)
         if closing is None or len(closing) > room:
             # None found, or the steps since the last check outgrew the room (their tokens were
             # delivered): put back what was taken; the output is cut where it falls.
@@ -520,7 +519,7 @@ class SchedulerPolicy:
             # One closing built under the checks (slower: a checker copy per character tried),
             # then the plain variants, each verified.
             for variant in range(NUM_VARIANTS):
-                c = matcher.closing(variant, checked=variant == 0, limit=4 * room + 16)
+                c = matcher.closing(variant, checked=variant == 0, room=room)
                 if c is not None and len(c) <= room and guard.accepts(output + c):
                     return c, max(kept - len(popped), 0)
             if len(output) <= guard.num_released or not matcher.rollback(1):
@@ -538,7 +537,7 @@ class SchedulerPolicy:
             room += len(output) - cut
             del output[cut:]
             guard.replay(output)
-            c = matcher.closing(checked=True, limit=4 * room + 16)
+            c = matcher.closing(checked=True, room=room)
             if c is not None and len(c) <= room and guard.accepts(output + c):
                 return c, max(kept - len(popped), 0)
         # None passes: the usual closing, from where the output stood (it parses; the checks
@@ -567,18 +566,14 @@ class SchedulerPolicy:
 
     def _length_reached(self, request: Request) -> bool:
         """``max_tokens`` output tokens, or the context is full."""
-        return len(request.output_token_ids) >= request.max_tokens or request.num_tokens >= self.config.max_model_len
+        return self._room(request) <= 0
 
     def _propose(self, request: Request, num_new: int, limit: int) -> list[int]:
         """Up to ``limit`` draft tokens for a decoding request, as many as ``max_tokens`` and the
         context leave room for; with a grammar, only the longest run the grammar allows."""
         if self.proposer is None or num_new != 1 or request.num_computed_tokens != request.num_tokens - 1:
             return []
-        room = min(
-            limit,
-            request.max_tokens - len(request.output_token_ids) - 1,
-            self.config.max_model_len - request.num_tokens - 1,
-        )
+        room = min(limit, self._room(request) - 1)  # the step's own token comes after the drafts
         if request.matcher is not None and isinstance(self.proposer, DraftSlots):
             return []  # its per-position masks are made before the step, a draft model drafts during it
         guard = request.matcher.guard if request.matcher is not None else None

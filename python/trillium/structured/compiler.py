@@ -13,7 +13,6 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import llguidance
@@ -107,7 +106,6 @@ class CompiledGrammar:
         template: llguidance.LLMatcher,
         closer: Closer | None = None,
         checks: CheckNode | None = None,
-        token_bytes: Callable[[int], bytes] | None = None,
         completion_index: CompletionIndex | None = None,
     ) -> None:
         self.key = key  # content hash of (kind, normalized text)
@@ -117,7 +115,6 @@ class CompiledGrammar:
         # The schema's keywords the grammar could not express, checked as values complete
         # (``guard``); None when the grammar enforces the whole constraint.
         self.checks = checks
-        self._token_bytes = token_bytes
         self._completion_index = completion_index
         # Tokens of the shortest complete output the closer finds from the start (0: no closer):
         # a smaller max_tokens could not be closed in time.
@@ -139,8 +136,8 @@ class CompiledGrammar:
         """A fresh matcher; ``close=False`` opts out of closing the output early."""
         guard = None
         if self.checks is not None:
-            assert self._token_bytes is not None
-            guard = OutputGuard(self.checks, self._token_bytes, self._completion_index)
+            assert self.closer is not None  # checks come only with JSON constraints, which have one
+            guard = OutputGuard(self.checks, self.closer.token_bytes, self._completion_index)
         return GrammarMatcher(self._template.deep_copy(), self.closer if close else None, guard)
 
 
@@ -150,7 +147,6 @@ class GrammarCompiler:
     def __init__(self, ll_tokenizer: llguidance.LLTokenizer, cache_size: int = CACHE_SIZE) -> None:
         self.ll_tokenizer = ll_tokenizer
         self.closer = Closer(ll_tokenizer)
-        self._token_bytes: Callable[[int], bytes] = lambda t: ll_tokenizer.decode_bytes([t])
         self._completion_index: CompletionIndex | None = None  # built with the first checked schema
         self.cache_size = cache_size
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
@@ -195,14 +191,13 @@ class GrammarCompiler:
         if template.is_error():
             raise GrammarError(_describe(kind, template.get_error()))
         if checks is not None and self._completion_index is None:
-            self._completion_index = CompletionIndex(self.ll_tokenizer.vocab_size, self._token_bytes)
+            self._completion_index = CompletionIndex(self.ll_tokenizer.vocab_size, self.closer.token_bytes)
         compiled = CompiledGrammar(
             digest,
             kind,
             template,
             self.closer if kind == "json" else None,
             checks,
-            self._token_bytes,
             self._completion_index,
         )
         with self._lock:

@@ -78,15 +78,17 @@ class GrammarMatcher:
         del self._strings[len(self._strings) - num_tokens :]
         return True
 
-    def closing(self, variant: int = 0, *, checked: bool = False, limit: int = MAX_CHARS) -> list[int] | None:
+    def closing(self, variant: int = 0, *, checked: bool = False, room: int | None = None) -> list[int] | None:
         """The shortest tokens found that complete the output from here ([] if it is complete),
         or None (no closer, or none found). Consumes nothing. ``variant``: see ``Closer.closing``;
         ``checked``: the closing must also pass the guard's value checks (its checker must
-        stand where the output does); ``limit``: at most this many characters."""
+        stand where the output does); ``room``: the tokens it may take (the search stops at
+        4 characters a token: a longer closing could not fit)."""
         if self.closer is None:
             return None
         checker = self.guard.checker_copy() if checked and self.guard is not None else None
         in_string = self._strings[-1][0] if self._strings else False
+        limit = MAX_CHARS if room is None else 4 * room + 16
         return self.closer.closing(self._m, limit, variant, checker, in_string)
 
     def bitmask(self) -> bytes:
