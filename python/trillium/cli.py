@@ -20,6 +20,19 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         help="weights, activations and KV dtype (auto: fp32 for quantized GGUF weights, else bf16 "
         "if the CPU has native bf16 math, else fp32)",
     )
+    parser.add_argument(
+        "--device",
+        default=None,
+        choices=["cpu", "cuda", "auto"],
+        help="where the model runs (auto: cuda when a GPU is visible; default: $TRILLIUM_DEVICE, else cpu). "
+        "On cuda the dtype defaults to bf16 and GGUF quantized weights are dequantized to it at load",
+    )
+    parser.add_argument(
+        "--no-cuda-graphs",
+        dest="cuda_graphs",
+        action="store_false",
+        help="cuda: run decode steps eagerly instead of replaying captured CUDA graphs",
+    )
     parser.add_argument("--max-running", type=int, default=64, help="requests decoding at once")
     parser.add_argument(
         "--max-waiting",
@@ -85,6 +98,8 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model,
         dtype=args.dtype,
+        device=args.device,
+        cuda_graphs=args.cuda_graphs,
         max_running=args.max_running,
         max_waiting=args.max_waiting,
         max_tokens_per_step=args.max_tokens_per_step,

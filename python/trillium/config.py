@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 WEIGHT_FORMATS = ("auto", "quantized", "quantized-int8", "dense")
+DEVICES = ("cpu", "cuda", "auto")
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 
 
@@ -28,11 +29,23 @@ def cpu_has_native_bf16() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def resolve_dtype(name: str) -> str:
-    """``auto`` -> ``bf16`` on CPUs with native bf16, else ``fp32``; other names unchanged."""
+def resolve_dtype(name: str, device: str = "cpu") -> str:
+    """``auto`` -> ``bf16`` on a GPU and on CPUs with native bf16, else ``fp32``; other names unchanged."""
     if name != "auto":
         return name
-    return "bf16" if cpu_has_native_bf16() else "fp32"
+    return "bf16" if device == "cuda" or cpu_has_native_bf16() else "fp32"
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a CUDA GPU, else ``cpu``; ValueError for an unknown
+    name, or ``cuda`` on a machine (or torch build) without one."""
+    if name not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {name!r}")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda: torch sees no CUDA GPU here (a CUDA build of torch and a GPU are needed)")
+    return name
 
 
 SPECULATIVE_METHODS = ("ngram", "draft")
@@ -115,7 +128,14 @@ class EngineConfig:
     """What to serve and how much memory and batch to give it."""
 
     model: str | None = None  # GGUF file or Hugging Face directory; None = embedded default
-    dtype: str = "auto"  # bf16 | fp32 | auto (bf16 where the CPU has native bf16 math)
+    dtype: str = "auto"  # bf16 | fp32 | auto (bf16 on a GPU and where the CPU has native bf16 math)
+    # cpu | cuda | auto (cuda when torch sees a GPU); None = TRILLIUM_DEVICE, else cpu. Weights, the
+    # KV pool, the step's metadata, logits and sampling live there; the block allocator and the
+    # prefix cache stay on the host.
+    device: str | None = None
+    # CUDA: replay decode steps (1 or k+1 tokens per request) from CUDA graphs captured at start-up
+    # for a set of batch sizes; False runs every step eagerly.
+    cuda_graphs: bool = True
     block_size: int = 16  # tokens per KV block
     kv_cache_gib: float = 1.0  # KV pool size across all layers
     max_running: int = 64  # requests decoding at once
@@ -141,8 +161,11 @@ class EngineConfig:
     dtype_auto: bool = dataclasses.field(default=False, init=False)
 
     def __post_init__(self) -> None:
+        if self.device is None:
+            self.device = os.environ.get("TRILLIUM_DEVICE") or "cpu"
+        self.device = resolve_device(self.device)
         self.dtype_auto = self.dtype == "auto"
-        self.dtype = resolve_dtype(self.dtype)
+        self.dtype = resolve_dtype(self.dtype, self.device)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.weights not in WEIGHT_FORMATS:

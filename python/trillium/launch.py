@@ -15,12 +15,15 @@ import torch
 
 from trillium import _core
 from trillium.config import EngineConfig, SpeculativeConfig
+from trillium.engine.cuda_graphs import CudaGraphSteps
 from trillium.engine.runner import ModelRunner, kv_bytes_per_block
 from trillium.engine.step_costs import StepCosts, measure_step_costs
 from trillium.engine.step_thread import StepThread
 from trillium.engine_client import EngineClient
 from trillium.models import default_model_path, load_model
+from trillium.models.config import ModelConfig
 from trillium.models.registry import can_run_quantized
+from trillium.models.step_buckets import StepBuckets
 from trillium.runtime import (
     GRAMMAR_INBOX_BOUND,
     INBOX_BOUND,
@@ -48,24 +51,39 @@ def resolve_weights(config: EngineConfig, path: str) -> EngineConfig:
     whose projections the quantized kernel takes is served that way in fp32 even on a CPU with
     native bf16: measured on an AVX512-BF16 EPYC, quantized fp32 decoded 1.3-1.7x (1 stream) and
     1.0-1.2x (32 streams) faster than dense bf16 (docs/decisions/quantized-weights.md).
+    On a GPU the quantized kernels do not run: ``auto`` is ``dense`` there (a GGUF file's blocks
+    are dequantized to the dtype, bf16 by default, at load).
     Raises ValueError when ``quantized`` or ``quantized-int8`` was asked for and cannot run here.
     """
     if config.weights == "dense":
         return config
+    device = config.device or "cpu"
     if (
         config.weights == "auto"
         and config.dtype_auto
         and config.dtype != "fp32"
-        and can_run_quantized(path, torch.float32)[0]
+        and can_run_quantized(path, torch.float32, device)[0]
     ):
         return dataclasses.replace(config, dtype="fp32", weights="quantized")
-    ok, why = can_run_quantized(path, config.torch_dtype, int8_activations=config.weights == "quantized-int8")
+    ok, why = can_run_quantized(path, config.torch_dtype, device, int8_activations=config.weights == "quantized-int8")
     if config.weights != "auto" and not ok:
         raise ValueError(f"--weights {config.weights}: {why}")
     if not ok:
         log.info("dense weights: %s", why)
         return dataclasses.replace(config, weights="dense")
     return dataclasses.replace(config, weights="quantized" if config.weights == "auto" else config.weights)
+
+
+def _check_gpu_support(config: ModelConfig) -> None:
+    """ValueError naming what the CUDA kernels lack for this model (sliding-window attention and
+    score soft-capping run on the CPU kernels only)."""
+    windows = [config.window_of(i) for i in range(config.num_layers)]
+    if any(windows) or config.attn_softcap:
+        what = "sliding-window attention" if any(windows) else "attention soft-capping"
+        raise ValueError(
+            f"{config.architecture} needs {what}, which the CUDA attention kernel does not implement yet; "
+            "serve it with --device cpu"
+        )
 
 
 class Engine:
@@ -110,9 +128,12 @@ class Engine:
             "int8" if int8 else config.dtype,
             "quantized" if quantized else "dense",
         )
+        device = config.device or "cpu"
         self.model, self.model_config = load_model(
-            path, dtype=config.torch_dtype, progress=progress, quantized=quantized, int8_activations=int8
+            path, dtype=config.torch_dtype, device=device, progress=progress, quantized=quantized, int8_activations=int8
         )
+        if device != "cpu":
+            _check_gpu_support(self.model_config)
         self.num_blocks = num_blocks = int(config.kv_cache_gib * 2**30) // kv_bytes_per_block(
             self.model_config, config.block_size, config.torch_dtype
         )
@@ -123,9 +144,22 @@ class Engine:
             num_blocks=num_blocks,
             block_size=config.block_size,
             dtype=config.torch_dtype,
+            device=device,
         )
-        self.spec_costs: StepCosts | None = None
         spec = config.speculative_config
+        if device == "cuda" and config.cuda_graphs:
+            # Decode steps, and verify steps of k drafts per request when speculating, replay
+            # graphs captured here, before the step costs are timed (they time what will run).
+            tokens = [1] + ([spec.num_speculative_tokens + 1] if isinstance(spec, SpeculativeConfig) else [])
+            self.runner.graphs = CudaGraphSteps(
+                self.model,
+                self.runner.kv_caches,
+                config.block_size,
+                -(-self._max_model_len(config) // config.block_size),
+                StepBuckets.up_to(config.max_running, tokens),
+            )
+            self.runner.graphs.capture()
+        self.spec_costs: StepCosts | None = None
         if isinstance(spec, SpeculativeConfig):
             # What a draft row costs against a decoded token, per batch size (speculative.depth).
             threshold, self.spec_costs = measure_step_costs(
@@ -158,12 +192,15 @@ class Engine:
             progress=progress,
         )
 
+    def _max_model_len(self, config: EngineConfig) -> int:
+        """The longest context a request may reach: ``--max-model-len``, at most the model's."""
+        longest = self.model_config.max_position_embeddings
+        return min(config.max_model_len or longest, longest)
+
     def _build_actors(self) -> None:
         config, path, num_blocks = self.config, self.path, self.num_blocks
         model_name = config.served_model_name or self.model_config.name
-        max_model_len = min(
-            config.max_model_len or self.model_config.max_position_embeddings, self.model_config.max_position_embeddings
-        )
+        max_model_len = self._max_model_len(config)
         scheduler_config = SchedulerConfig(
             block_size=config.block_size,
             max_running=config.max_running,

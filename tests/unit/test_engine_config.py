@@ -65,3 +65,43 @@ def test_k_quant_files_are_served_quantized_but_not_with_int8_activations(tmp_pa
     assert resolve_weights(EngineConfig(), path).weights == "quantized"
     with pytest.raises(ValueError, match="--weights quantized-int8: int8 activations take"):
         resolve_weights(EngineConfig(dtype="fp32", weights="quantized-int8"), path)
+
+
+# ------------------------------------------------------------------------------------ --device
+def test_auto_device_is_cuda_only_where_torch_sees_a_gpu(monkeypatch):
+    monkeypatch.delenv("TRILLIUM_DEVICE", raising=False)
+    config = EngineConfig(device="auto")
+    assert config.device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert EngineConfig().device == "cpu"  # the default, without TRILLIUM_DEVICE
+
+
+def test_device_comes_from_the_environment_when_not_given(monkeypatch):
+    monkeypatch.setenv("TRILLIUM_DEVICE", "cpu")
+    assert EngineConfig().device == "cpu"
+    monkeypatch.setenv("TRILLIUM_DEVICE", "npu")
+    with pytest.raises(ValueError, match="device must be one of cpu, cuda, auto"):
+        EngineConfig()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
+def test_cuda_without_a_gpu_is_a_clear_error(capsys):
+    with pytest.raises(ValueError, match="torch sees no CUDA GPU"):
+        EngineConfig(device="cuda")
+    from trillium.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--device", "cuda"])
+    assert exc.value.code == 2
+    assert "device cuda" in capsys.readouterr().err
+
+
+def test_on_a_gpu_weights_are_dense_bf16_by_default(path, monkeypatch):
+    """GGUF blocks are dequantized at load on a GPU (the quantized kernels are CPU-only); asking
+    for quantized weights there names the flag. (Resolving needs no GPU: torch is told it has one.)"""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    config = EngineConfig(device="cuda")
+    assert config.dtype == "bf16"
+    resolved = resolve_weights(config, path)
+    assert resolved.weights == "dense" and resolved.dtype == "bf16"
+    with pytest.raises(ValueError, match="--weights quantized: quantized kernels take fp32 CPU activations"):
+        resolve_weights(EngineConfig(device="cuda", dtype="fp32", weights="quantized"), path)

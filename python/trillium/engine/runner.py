@@ -13,6 +13,12 @@ Prompt logprobs (``ScheduledRequest.prompt_logprob_token_ids``): the rows of a p
 through the same output head as sampled rows, then a plain fp32 log-softmax (no sampling
 parameter or grammar mask applies), a bounded number of rows at a time; only each row's
 logprob of the next prompt token and its top k leave the step.
+
+On a GPU (``device="cuda"``) the step's metadata is built on the host and copied asynchronously,
+the logits stay on the GPU for the grammar mask and the sampler, and the host waits once, for
+the sampled token ids (speculative verification reads its rows back instead). With
+:attr:`ModelRunner.graphs` set, a step whose requests all bring the same captured number of
+tokens (decode: 1, verify: k + 1) replays a CUDA graph (``engine.cuda_graphs``); others run eagerly.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ from typing import Protocol
 import msgspec
 import torch
 
+from trillium.engine.cuda_graphs import CudaGraphSteps
 from trillium.engine.sampler import TopLogprobs, sample
 from trillium.engine.verify import position_generator, verify_drafts
 from trillium.models import LlamaForCausalLM, ModelConfig
-from trillium.ops.attention import AttentionMetadata
+from trillium.ops.attention import AttentionMetadata, host_to_device
 from trillium.protocol import ScheduledRequest, StepInput, StepOutput
 
 # Prompt rows whose logits are taken at once: bounds the [rows, V] fp32 temporaries (a whole
@@ -72,6 +79,7 @@ class ModelRunner:
         self.device = device
         self.kv_caches = model.allocate_kv_caches(num_blocks, block_size, dtype, device)
         self.drafter: Drafter | None = None  # method draft: fills the placeholder drafts
+        self.graphs: CudaGraphSteps | None = None  # captured decode/verify steps (CUDA only)
 
     def reset(self) -> None:
         """Forget every request (after a failure, when the scheduler rebuilds the KV pool empty).
@@ -101,15 +109,27 @@ class ModelRunner:
             positions.extend(range(r.start_pos, r.start_pos + n))
             query_lens.append(n)
             context_lens.append(r.start_pos + n)
-        meta = AttentionMetadata.build(
-            query_lens, context_lens, [r.block_ids for r in requests], self.block_size, self.device
-        )
-        hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.long, device=self.device),
-            torch.tensor(positions, dtype=torch.long, device=self.device),
-            self.kv_caches,
-            meta,
-        )  # [T, hidden]
+        block_tables = [r.block_ids for r in requests]
+        shape = self.graphs.match(query_lens) if self.graphs is not None else None
+        if any(r.prompt_logprob_token_ids for r in requests):
+            shape = None  # prompt logprobs read the hidden states, which a graph does not keep
+        step_logits: torch.Tensor | None = None  # [T, V] fp32 when a graph ran the step
+        hidden = torch.empty(0)
+        if shape is not None:
+            assert self.graphs is not None
+            bs = self.block_size
+            slots = [block_tables[i][p // bs] * bs + p % bs for i, r in enumerate(requests) for p in
+                     range(r.start_pos, r.start_pos + query_lens[i])]  # fmt: skip
+            step_logits = self.graphs.run(shape, input_ids, positions, slots, context_lens, block_tables)
+        else:
+            meta = AttentionMetadata.build(query_lens, context_lens, block_tables, self.block_size, self.device)
+            hidden = self.model(
+                host_to_device(torch.tensor(input_ids, dtype=torch.long), self.device),
+                host_to_device(torch.tensor(positions, dtype=torch.long), self.device),
+                self.kv_caches,
+                meta,
+            )  # [T, hidden]
+        starts = _offsets(query_lens)  # where each request's rows start, then the end
 
         sample_rows = [i for i, r in enumerate(requests) if r.sample and not r.num_draft_tokens]
         draft_rows = [i for i, r in enumerate(requests) if r.num_draft_tokens]
@@ -118,17 +138,11 @@ class ModelRunner:
         num_accepted: list[int] | None = None
         # Logits rows: the last token of each sampling request, then every position of each
         # speculating request (its last token and drafts: the model's choice after each).
-        ends = meta.query_start_loc[1:].tolist()  # end of each request's new tokens
+        ends = starts[1:]  # end of each request's new tokens
         rows = [ends[i] - 1 for i in sample_rows]
         for i in draft_rows:
             rows.extend(range(ends[i] - 1 - requests[i].num_draft_tokens, ends[i]))
-        all_logits = (
-            self.model.compute_logits(hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=self.device)))
-            .float()
-            .cpu()
-            if rows
-            else None
-        )  # [S + sum(n_i + 1), V]
+        all_logits = self._logits(hidden, step_logits, rows)  # [S + sum(n_i + 1), V] on the model's device
         if step_input.bitmask is not None and all_logits is not None:
             # Structured output: disallowed tokens -> -inf before any sampling parameter, so
             # bias, penalties, temperature, top-p and logprobs all see the masked distribution;
@@ -138,7 +152,7 @@ class ModelRunner:
         if draft_rows:
             assert all_logits is not None
             verified = verify_drafts(
-                all_logits[len(sample_rows) :],
+                all_logits[len(sample_rows) :].cpu(),
                 [requests[i] for i in draft_rows],
                 [draft_probs.get(i) for i in draft_rows] if draft_probs else None,
             )
@@ -161,8 +175,21 @@ class ModelRunner:
                 logprobs = logprobs or [None] * len(requests)
                 for i, lp in zip(sample_rows, result.logprobs):
                     logprobs[i] = None if lp is None else [lp]
-        prompt_logprobs = self._prompt_logprobs(hidden, requests, meta.query_start_loc[:-1].tolist())
+        prompt_logprobs = self._prompt_logprobs(hidden, requests, starts[:-1])
         return StepOutput(sampled, logprobs, num_accepted, draft_token_ids, prompt_logprobs)
+
+    def _logits(self, hidden: torch.Tensor, step_logits: torch.Tensor | None, rows: list[int]) -> torch.Tensor | None:
+        """fp32 logits of ``rows`` (None for none): from the graph's output when a graph ran the
+        step, else through the output head; on the CPU for a CPU model, else on its device."""
+        if not rows:
+            return None
+        if step_logits is not None:
+            if rows == list(range(step_logits.shape[0])):
+                return step_logits
+            return step_logits.index_select(0, host_to_device(torch.tensor(rows, dtype=torch.long), self.device))
+        picked = hidden.index_select(0, host_to_device(torch.tensor(rows, dtype=torch.long), self.device))
+        logits = self.model.compute_logits(picked).float()
+        return logits.cpu() if self.device == "cpu" else logits
 
     def _prompt_logprobs(
         self,
@@ -215,6 +242,14 @@ class ModelRunner:
             if q is not None and tokens:
                 probs[i] = q
         return requests, drafts, probs
+
+
+def _offsets(query_lens: list[int]) -> list[int]:
+    """0 and the running sums of ``query_lens``: where each request's rows start, then the end."""
+    out = [0]
+    for n in query_lens:
+        out.append(out[-1] + n)
+    return out
 
 
 def _generator(request: ScheduledRequest) -> torch.Generator | None:

@@ -13,6 +13,11 @@ distribution at one uniform draw: exact, batched, and a seeded request takes its
 token from its own generator, so its samples do not depend on the batch. (The exponential race,
 ``argmax(p / E)``, needs a random number per vocabulary entry: 33 ms per step for 32 rows of a
 49k vocabulary on a 2-vCPU CPU, against about 2 ms here.)
+
+The logits may live on a GPU: every tensor made here is made on their device (host values copied
+asynchronously through pinned memory), the uniforms are still drawn on the host (the requests'
+generators are CPU generators), and the one synchronization is reading the chosen token ids
+(and the logprobs of the rows that asked for them).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import dataclasses
 
 import torch
 
+from trillium.ops.attention import host_to_device
 from trillium.protocol import SamplingParams
 
 TopLogprobs = tuple[float, list[tuple[int, float]]]  # (chosen logprob, [(token id, logprob)])
@@ -57,9 +63,10 @@ def sample(
     if not random_rows:
         return SampleResult(greedy.tolist(), with_chosen(logprobs, logits, greedy))
 
-    rows = torch.tensor(random_rows, dtype=torch.long)
+    device = logits.device
+    rows = host_to_device(torch.tensor(random_rows, dtype=torch.long), device)
     sub = logits.index_select(0, rows)  # [R, V]
-    temperature = torch.tensor([params[i].temperature for i in random_rows], dtype=sub.dtype)
+    temperature = host_to_device(torch.tensor([params[i].temperature for i in random_rows], dtype=sub.dtype), device)
     sub = sub / temperature.unsqueeze(1)
     sub = truncate(
         sub,
@@ -89,10 +96,14 @@ def inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator | None]) -
     for j, g in enumerate(generators):
         if g is not None:
             u[j] = torch.rand(1, generator=g, dtype=torch.float64)
+    u = host_to_device(u, probs.device)
     cdf = probs.to(torch.float64).cumsum_(dim=-1)  # [R, V]
     target = (u * cdf[:, -1]).unsqueeze(1)  # [R, 1]
     chosen = torch.searchsorted(cdf, target, right=True).squeeze(1)  # first index with cdf > target
     over = chosen >= vocab  # u * total rounded up to total: take the last token with probability > 0
+    if not probs.is_cpu:  # no synchronization on a GPU: every row's fallback, kept where needed
+        last = vocab - 1 - (probs > 0).flip(dims=[1]).to(torch.uint8).argmax(dim=-1)
+        return torch.where(over, last, chosen)
     if bool(over.any()):
         rows = over.nonzero().squeeze(1)
         chosen[rows] = vocab - 1 - (probs[rows] > 0).flip(dims=[1]).to(torch.uint8).argmax(dim=-1)
@@ -108,8 +119,11 @@ def apply_logit_bias(logits: torch.Tensor, biases: list[dict[int, float]]) -> No
             cols.append(int(token_id))
             vals.append(float(value))
     if rows:
+        device = logits.device
         logits.index_put_(
-            (torch.tensor(rows), torch.tensor(cols)), torch.tensor(vals, dtype=logits.dtype), accumulate=True
+            (host_to_device(torch.tensor(rows), device), host_to_device(torch.tensor(cols), device)),
+            host_to_device(torch.tensor(vals, dtype=logits.dtype), device),
+            accumulate=True,
         )
 
 
@@ -122,23 +136,28 @@ def apply_penalties(
     presence: ``l - p * (count > 0)``, as in vLLM and OpenAI's documentation.
     """
     num_rows, vocab = logits.shape
-    output_counts = torch.zeros(num_rows, vocab, dtype=logits.dtype)  # [N, V]
-    seen = torch.zeros(num_rows, vocab, dtype=torch.bool)  # [N, V] in prompt or output
+    device = logits.device
+    output_counts = torch.zeros(num_rows, vocab, dtype=logits.dtype, device=device)  # [N, V]
+    seen = torch.zeros(num_rows, vocab, dtype=torch.bool, device=device)  # [N, V] in prompt or output
     for i, history in enumerate(histories):
         if history is None or not params[i].needs_history:
             continue
         prompt_ids, output_ids = history
         if output_ids:
-            ids = torch.tensor(output_ids, dtype=torch.long)
-            output_counts[i].scatter_add_(0, ids, torch.ones(len(output_ids), dtype=logits.dtype))
+            ids = host_to_device(torch.tensor(output_ids, dtype=torch.long), device)
+            output_counts[i].scatter_add_(0, ids, torch.ones(len(output_ids), dtype=logits.dtype, device=device))
         if prompt_ids:
-            seen[i, torch.tensor(prompt_ids, dtype=torch.long)] = True
+            seen[i, host_to_device(torch.tensor(prompt_ids, dtype=torch.long), device)] = True
     seen |= output_counts > 0
-    rep = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype).unsqueeze(1)  # [N, 1]
+
+    def column(values: list[float]) -> torch.Tensor:  # [N, 1] on the logits' device
+        return host_to_device(torch.tensor(values, dtype=logits.dtype), device).unsqueeze(1)
+
+    rep = column([p.repetition_penalty for p in params])
     penalized = torch.where(logits > 0, logits / rep, logits * rep)
     logits.copy_(torch.where(seen, penalized, logits))
-    freq = torch.tensor([p.frequency_penalty for p in params], dtype=logits.dtype).unsqueeze(1)
-    pres = torch.tensor([p.presence_penalty for p in params], dtype=logits.dtype).unsqueeze(1)
+    freq = column([p.frequency_penalty for p in params])
+    pres = column([p.presence_penalty for p in params])
     logits -= freq * output_counts + pres * (output_counts > 0).to(logits.dtype)
 
 
@@ -159,7 +178,7 @@ def truncate(
     threshold. Other rows (a flat distribution under a high top_p) take the full sort."""
     min_p = min_p if min_p is not None else [0.0] * len(top_k)
     vocab = logits.shape[1]
-    if vocab <= CANDIDATES:
+    if vocab <= CANDIDATES or not logits.is_cpu:  # a GPU sorts every row sooner than it syncs to choose
         return _truncate_sorted(logits, top_k, top_p, min_p)
     k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k])  # [R]
     p = _top_p_tensor(top_p, logits.dtype)  # [R]
@@ -200,10 +219,11 @@ def truncate(
     return out
 
 
-def _top_p_tensor(top_p: list[float], dtype: torch.dtype) -> torch.Tensor:
+def _top_p_tensor(top_p: list[float], dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
     """``top_p`` in the logits' dtype, at least its smallest normal number: a tiny top_p (valid:
     any p > 0) must not round to 0, which would drop even the most likely token."""
-    return torch.tensor(top_p, dtype=dtype).clamp_(min=torch.finfo(dtype).tiny)
+    p = torch.tensor(top_p, dtype=dtype).clamp_(min=torch.finfo(dtype).tiny)
+    return p if device is None else host_to_device(p, device)
 
 
 def _truncate_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]) -> torch.Tensor:
@@ -213,14 +233,14 @@ def _truncate_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float],
     use_min_p = any(m > 0.0 for m in min_p)
     if not (use_k or use_p or use_min_p):
         return logits
-    vocab = logits.shape[1]
+    vocab, device = logits.shape[1], logits.device
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # [R, V]
     mask = torch.zeros_like(sorted_logits, dtype=torch.bool)
     if use_k:
-        k = torch.tensor([kk if kk > 0 else vocab for kk in top_k]).clamp(max=vocab)
-        mask |= torch.arange(vocab).unsqueeze(0) >= k.unsqueeze(1)
+        k = host_to_device(torch.tensor([kk if kk > 0 else vocab for kk in top_k]).clamp(max=vocab), device)
+        mask |= torch.arange(vocab, device=device).unsqueeze(0) >= k.unsqueeze(1)
     if use_p:
-        p = _top_p_tensor(top_p, logits.dtype).unsqueeze(1)
+        p = _top_p_tensor(top_p, logits.dtype, device).unsqueeze(1)
         probs = torch.softmax(sorted_logits.masked_fill(mask, float("-inf")), dim=-1)
         # Drop a token when the mass strictly before it already reaches top_p; the most
         # likely token always survives.
@@ -228,7 +248,7 @@ def _truncate_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float],
         mask |= (p < 1.0) & (mass_before >= p)  # a row at 1.0 keeps its tail (rounding reaches 1.0)
     if use_min_p:
         # Relative to the most likely token, so it does not matter which tokens are masked.
-        m = torch.tensor(min_p, dtype=logits.dtype).unsqueeze(1)
+        m = host_to_device(torch.tensor(min_p, dtype=logits.dtype), device).unsqueeze(1)
         probs = torch.softmax(sorted_logits, dim=-1)
         mask |= probs < m * probs[:, :1]
     sorted_logits = sorted_logits.masked_fill(mask, float("-inf"))
@@ -242,7 +262,7 @@ def row_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> RowLogpr
         return None
     rows = [i for i, _ in asked]
     ks = [k for _, k in asked]
-    logp = torch.log_softmax(logits.index_select(0, torch.tensor(rows)), dim=-1)  # [L, V]
+    logp = torch.log_softmax(logits.index_select(0, host_to_device(torch.tensor(rows), logits.device)), dim=-1)
     k = max(ks)
     top_vals, top_ids = logp.topk(k, dim=-1) if k > 0 else (logp[:, :0], logp[:, :0].long())
     return rows, logp, top_ids.tolist(), top_vals.tolist(), ks
@@ -255,7 +275,7 @@ def with_chosen(lp: RowLogprobs | None, logits: torch.Tensor, chosen: torch.Tens
         return None
     rows, logp, top_ids, top_vals, ks = lp
     out: list[TopLogprobs | None] = [None] * logits.shape[0]
-    idx = torch.tensor(rows)
+    idx = host_to_device(torch.tensor(rows), logits.device)
     chosen_lp = logp.gather(1, chosen.index_select(0, idx).unsqueeze(1)).squeeze(1).tolist()
     for j, i in enumerate(rows):
         # -inf alternatives are tokens a structured-output mask ruled out: not alternatives at all.

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trillium.models.llama import KVCache, LlamaDecoderLayer, LlamaForCausalLM, QuantLinear
+from trillium.models.step_buckets import StepBuckets
 from trillium.ops import torch_ops  # noqa: F401  (registers torch.ops.trillium.*)
 
 DEFAULT_BUCKETS = (1, 8, 32)
@@ -231,13 +232,12 @@ class CompiledDecoder:
         mode: str | None = None,
         options: dict[str, Any] | None = None,
     ) -> None:
-        if not buckets or any(b <= 0 for b in buckets):
-            raise ValueError(f"buckets must be positive batch sizes, got {list(buckets)}")
+        self._buckets = StepBuckets(buckets)  # ValueError for an empty or non-positive list
         self.weights = DecodeWeights.of(model)
         self.kv_caches = list(kv_caches)
         self.block_size = block_size
         self.max_blocks_per_request = max_blocks_per_request
-        self.buckets = sorted(set(buckets))
+        self.buckets = self._buckets.batch_sizes
         self._fn: Callable[..., torch.Tensor] = decode_forward
         if compile:
             # A private copy of the function: dynamo caches compiled graphs on the code object, so
@@ -252,9 +252,9 @@ class CompiledDecoder:
 
     def bucket(self, num_requests: int) -> int:
         """The smallest bucket holding ``num_requests``; ValueError past the largest."""
-        for b in self.buckets:
-            if b >= num_requests:
-                return b
+        b = self._buckets.bucket(num_requests)
+        if b is not None:
+            return b
         raise ValueError(f"{num_requests} requests exceed the largest decode bucket {self.buckets[-1]}")
 
     @torch.inference_mode()

@@ -89,16 +89,25 @@ class AttentionMetadata:
         max_blocks = max((len(t) for t in block_tables), default=0)
         padded = [list(t) + [0] * (max_blocks - len(t)) for t in block_tables]
         return cls(
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=device).view(num_requests, max_blocks),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            query_start_loc=host_to_device(torch.tensor(starts, dtype=torch.int32), device),
+            context_lens=host_to_device(torch.tensor(context_lens, dtype=torch.int32), device),
+            block_tables=host_to_device(torch.tensor(padded, dtype=torch.int32).view(num_requests, max_blocks), device),
+            slot_mapping=host_to_device(torch.tensor(slots, dtype=torch.int64), device),
             block_size=block_size,
             max_query_len=max(query_lens, default=0),
             max_context_len=max(context_lens, default=0),
             query_lens=list(query_lens),
             context_lens_list=list(context_lens),
         )
+
+
+def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """CPU tensor ``t`` on ``device``: ``t`` itself for the CPU; for a GPU a copy made through
+    pinned memory and queued on the current stream, so the host never waits for the GPU (a copy
+    from pageable memory would first synchronize the stream)."""
+    if torch.device(device).type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def store_kv(

@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import llguidance
 import torch
 
+from trillium.ops.attention import host_to_device
 from trillium.ops.token_bitmask import apply_token_bitmask, bitmask_words
 from trillium.structured.matcher import GrammarMatcher
 
@@ -51,7 +52,13 @@ class StepBitmask:
         for index, count in spans:
             first = self.rows[index]
             mask_rows.extend([-1] * count if first < 0 else range(first, first + count))
-        apply_token_bitmask(logits, self.tensor, torch.tensor(mask_rows, dtype=torch.int32))
+        rows = torch.tensor(mask_rows, dtype=torch.int32)
+        if logits.is_cpu:
+            apply_token_bitmask(logits, self.tensor, rows)
+        else:
+            # The masks go to the logits' GPU asynchronously, from a pinned copy: the filler's
+            # buffer is refilled for the next step while this copy may still be queued.
+            apply_token_bitmask(logits, host_to_device(self.tensor, logits.device), host_to_device(rows, logits.device))
 
 
 class BitmaskFiller:
