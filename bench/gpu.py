@@ -221,12 +221,24 @@ def run_hf(streams: list[int], max_tokens: int, prefill_n: int, prefill_len: int
     return rows
 
 
+def run_engine(engine: str, quick: bool) -> list[dict]:
+    """One engine's rows, measured in a process of its own (one engine at a time: the other's
+    threads and GPU memory are gone)."""
+    import subprocess
+
+    cmd = [sys.executable, __file__, "engine", "--engine", engine] + (["--quick"] if quick else [])
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    if done.returncode != 0:
+        sys.exit(f"{engine} failed:\n{done.stderr[-3000:]}")
+    return rows
+
+
 def run_e2e(quick: bool) -> list[dict]:
-    streams = [1, 4] if quick else [1, 32, 256]
-    max_tokens = 8 if quick else 128
-    prefill_n, prefill_len = (2, 256) if quick else (16, 2048)
-    ours = run_trillium(streams, max_tokens, prefill_n, prefill_len)
-    theirs = run_hf(streams, max_tokens, prefill_n, prefill_len)
+    ours = run_engine("trillium", quick)
+    theirs = run_engine("hf", quick)
     ratios = []
     for a, b in zip(ours, theirs):
         key = f"{a['phase']}@{a.get('streams', a.get('prompts'))}"
@@ -235,14 +247,24 @@ def run_e2e(quick: bool) -> list[dict]:
     return ours + theirs + ratios
 
 
+def e2e_sizes(quick: bool) -> tuple[list[int], int, int, int]:
+    """(streams, new tokens per stream, prefill prompts, prefill prompt tokens)."""
+    return ([1, 4], 8, 2, 256) if quick else ([1, 32, 256], 128, 16, 2048)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["attention", "e2e"])
+    p.add_argument("what", choices=["attention", "e2e", "engine"])
+    p.add_argument("--engine", choices=["trillium", "hf"], help="engine: which one (run by e2e)")
     p.add_argument("--quick", action="store_true", help="smoke mode: a few small cases")
     p.add_argument("--out", default=None, help="write the rows here as JSON")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/gpu.py needs a CUDA GPU")
+    if args.what == "engine":
+        run = run_trillium if args.engine == "trillium" else run_hf
+        run(*e2e_sizes(args.quick))
+        return
     rows = run_attention(args.quick) if args.what == "attention" else run_e2e(args.quick)
     if args.out:
         meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv)}

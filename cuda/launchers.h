@@ -33,6 +33,25 @@ cudaError_t store_kv(const KVStoreArgs& args, cudaStream_t stream);
 // grid (any upper bound of the per-request query lengths works). head_dim must be 64, 128 or 256.
 cudaError_t paged_attention(const PagedAttentionArgs& args, int32_t max_query_len, cudaStream_t stream);
 
+// Decode steps over a bf16 pool: split-KV paged attention (paged_attention_decode.cu), reading
+// K/V at close to the GPU's memory bandwidth. A plan is made on the host from sizes alone:
+// `max_context_len` bounds every request's context (CTAs past a request's context exit at once;
+// a captured graph passes the longest context it may ever see) and `num_sms` is the GPU's
+// multiprocessor count. `supported` is false where the kernel does not apply (fp32 KV, other
+// head dims or group sizes, a window, soft-capping, more than one token per request): use
+// paged_attention then. With more than one split the launch needs `workspace_bytes` of device
+// scratch, used only during the launch's own stream order.
+constexpr int32_t kMaxDecodeSplit = 512;  // tokens per split at most (shared memory)
+struct DecodePlan {
+  bool supported = false;
+  int32_t split = 0;   // keys per split, a multiple of the block size
+  int32_t splits = 0;  // splits of the longest context
+  size_t workspace_bytes = 0;
+};
+DecodePlan plan_paged_attention_decode(const PagedAttentionArgs& args, int32_t max_context_len, int32_t num_sms);
+cudaError_t paged_attention_decode(const PagedAttentionArgs& args, const DecodePlan& plan, void* workspace,
+                                   size_t workspace_bytes, cudaStream_t stream);
+
 // apply_token_bitmask (see token_bitmask.h): a thread per logit, a grid row per logits row.
 // Device-resident mask_rows entries are trusted, except that an id outside [0, num_mask_rows)
 // leaves its row unmasked rather than reading out of bounds.

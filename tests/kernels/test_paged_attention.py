@@ -201,6 +201,31 @@ def test_decode_matches_reference(target, dtype, draw, threads) -> None:
     _check(sample_decode(rng), dtype, target, rng.randrange(2**32))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU and trillium._cuda")
+@pytest.mark.parametrize("bound", [1, 3, 40])
+@pytest.mark.parametrize("draw", range(4))
+def test_cuda_decode_with_a_loose_context_bound(bound, draw) -> None:
+    """A captured decode step plans its splits for the longest context it may ever see, not this
+    step's: the split-KV kernel must give the same result for any bound at least the real one."""
+    seed = _seed()
+    rng = random.Random(seed)
+    case = sample_decode(rng)
+    sub = rng.randrange(2**32)
+    meta, k_cache, v_cache, query = _build(
+        case, torch.bfloat16, "cuda", random.Random(sub), torch.Generator().manual_seed(sub)
+    )
+    scale = case.head_dim**-0.5
+    exact = attention.paged_attention(query, k_cache, v_cache, meta, scale)
+    meta.max_context_len *= bound
+    meta._plans.clear()
+    loose = attention.paged_attention(query, k_cache, v_cache, meta, scale)
+    expected = attention_ref.paged_attention(query.float(), k_cache.float(), v_cache.float(), meta, scale)
+    for out in (exact, loose):
+        err = ((out.float() - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
+        assert err < TOLERANCE[torch.bfloat16], f"seed {seed}: {case.describe()} bound x{bound}: {err:.2e}"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("draw", range(10))
 def test_extend_matches_reference(target, dtype, draw, threads) -> None:

@@ -10,6 +10,7 @@
 //   any other CUDA error                                                      -> RuntimeError
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -111,6 +112,40 @@ PYBIND11_MODULE(_cuda, m) {
       py::arg("max_query_len"), py::arg("stream") = 0, py::call_guard<py::gil_scoped_release>(),
       "Asynchronous paged attention (decode or extend) on stream; specs as trillium._core.paged_attention, "
       "device pointers. head_dim 64, 128 or 256. ValueError on arguments the launcher rejects.");
+
+  m.def(
+      "plan_paged_attention_decode",
+      [](const RowsSpec& query, const RowsSpec& out, const CacheSpec& cache, const BatchSpec& batch,
+         int32_t max_context_len, int32_t num_sms) {
+        const trillium::PagedAttentionArgs a = trillium::bindings::attention_args(query, out, cache, batch, 1.0f);
+        const trillium::cuda::DecodePlan p = trillium::cuda::plan_paged_attention_decode(a, max_context_len, num_sms);
+        return py::make_tuple(p.supported, p.split, p.splits, p.workspace_bytes);
+      },
+      py::arg("query"), py::arg("out"), py::arg("cache"), py::arg("batch"), py::arg("max_context_len"),
+      py::arg("num_sms"),
+      "(supported, split, splits, workspace_bytes) of the split-KV decode kernel for these sizes: "
+      "supported is False where it does not apply (use paged_attention).");
+
+  m.def(
+      "paged_attention_decode",
+      [](const RowsSpec& query, const RowsSpec& out, const CacheSpec& cache, const BatchSpec& batch, float scale,
+         int32_t split, int32_t splits, std::uintptr_t workspace, std::size_t workspace_bytes, std::uintptr_t stream) {
+        const trillium::PagedAttentionArgs a = trillium::bindings::attention_args(query, out, cache, batch, scale);
+        trillium::cuda::DecodePlan p = trillium::cuda::plan_paged_attention_decode(a, split * splits, 0);
+        p.split = split;  // the caller's plan (sizes re-checked above, the split taken as planned)
+        p.splits = splits;
+        p.workspace_bytes = splits > 1 ? sizeof(float) * static_cast<std::size_t>(a.num_requests) * a.num_q_heads *
+                                             splits * (static_cast<std::size_t>(a.head_dim) + 2)
+                                       : 0;
+        check_args(trillium::cuda::paged_attention_decode(a, p, reinterpret_cast<void*>(workspace), workspace_bytes,
+                                                          reinterpret_cast<cudaStream_t>(stream)),
+                   "paged_attention_decode");
+      },
+      py::arg("query"), py::arg("out"), py::arg("cache"), py::arg("batch"), py::arg("scale"), py::arg("split"),
+      py::arg("splits"), py::arg("workspace"), py::arg("workspace_bytes"), py::arg("stream") = 0,
+      py::call_guard<py::gil_scoped_release>(),
+      "Asynchronous split-KV decode attention over a bf16 pool with a plan from plan_paged_attention_decode; "
+      "ValueError on arguments the launcher rejects.");
 
   m.def(
       "apply_token_bitmask",

@@ -186,9 +186,21 @@ def paged_attention(
         if (window and meta.max_context_len > window) or softcap:
             # Inside the window sliding attention is full attention; past it the CUDA kernels lack it.
             raise ValueError("sliding-window attention and soft-capping run on the CPU kernels only")
-        _cuda_module().paged_attention(
-            query_spec, out_spec, cache, batch, float(scale), decode, meta.max_query_len, _cuda_stream(query)
-        )
+        cuda = _cuda_module()
+        plan = _cuda_decode_plan(cuda, meta, query_spec, out_spec, cache, batch, query.device) if decode else None
+        if plan is not None:
+            split, splits, workspace_bytes = plan
+            # Scratch for the splits' partial results, from torch's allocator (a captured graph's
+            # pool when capturing): freed when the step's tensors are, after the stream uses it.
+            workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=query.device)
+            cuda.paged_attention_decode(
+                query_spec, out_spec, cache, batch, float(scale), split, splits, workspace.data_ptr(),
+                workspace_bytes, _cuda_stream(query),
+            )  # fmt: skip
+        else:
+            cuda.paged_attention(
+                query_spec, out_spec, cache, batch, float(scale), decode, meta.max_query_len, _cuda_stream(query)
+            )
     else:
         _core.paged_attention(
             query_spec,
@@ -295,6 +307,33 @@ def _cuda_module() -> ModuleType:
             raise RuntimeError(f"CUDA tensors need trillium._cuda, which is not built here: {exc}") from exc
         _CUDA = _cuda
     return _CUDA
+
+
+_NUM_SMS: dict[int, int] = {}
+
+
+def _cuda_decode_plan(
+    cuda: ModuleType,
+    meta: AttentionMetadata,
+    query: RowsSpec,
+    out: RowsSpec,
+    cache: CacheSpec,
+    batch: BatchSpec,
+    device: torch.device,
+) -> tuple[int, int, int] | None:
+    """(split, splits, workspace bytes) of the split-KV decode kernel for this step, made once per
+    step (every layer has the same sizes), or None where it does not apply (fp32 KV, ...)."""
+    key = "cuda_decode_plan"
+    if key not in meta._plans:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in _NUM_SMS:
+            _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+        supported, split, splits, workspace = cuda.plan_paged_attention_decode(
+            query, out, cache, batch, int(meta.max_context_len), _NUM_SMS[index]
+        )
+        meta._plans[key] = (split, splits, workspace) if supported and splits > 0 else None
+    plan: tuple[int, int, int] | None = meta._plans[key]
+    return plan
 
 
 def _cuda_stream(t: torch.Tensor) -> int:
