@@ -11,6 +11,8 @@ its logits' largest change, and the measured differences are far below either bo
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -77,6 +79,10 @@ def _check_against(
     return compared, len(prompt) - 1
 
 
+@pytest.mark.skipif(
+    os.environ.get("TRILLIUM_DEVICE", "cpu") not in ("", "cpu"),
+    reason="the reference runs the model's fp32 CPU forward (1e-5 tolerance)",
+)
 def test_prompt_logprobs_equal_the_models_log_softmax_over_chunked_prefill(llm, prompts) -> None:
     outs = llm.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=4))
     assert max(len(o.prompt_token_ids) for o in outs) > 3 * STEP_BUDGET  # several chunks

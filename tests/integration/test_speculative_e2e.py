@@ -10,6 +10,7 @@ blocks must all be back afterwards.
 from __future__ import annotations
 
 import json
+import os
 
 import httpx
 import pytest
@@ -18,7 +19,17 @@ from tests.integration.conftest import SERVER_ARGS, ServerProcess
 from tests.integration.test_hf_parity import CHAT, RAW
 from trillium import LLM, SamplingParams
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    # Token identity with and without speculation rests on the CPU kernels giving a token the
+    # same bits in every kind of step. On a GPU a verify step (k + 1 tokens per request) and a
+    # decode step run other kernels and matmul shapes, so bf16 logits round differently and a
+    # near-tie may flip: lossless in distribution, not bit for bit (docs/gpu.md).
+    pytest.mark.skipif(
+        os.environ.get("TRILLIUM_DEVICE", "cpu") not in ("", "cpu"),
+        reason="bitwise identity with speculation is a CPU-kernel property",
+    ),
+]
 
 COPY = [
     "Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat,",
