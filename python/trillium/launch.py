@@ -190,6 +190,7 @@ class Engine:
             quantized=draft.weights != "dense",
             int8_activations=draft.weights == "quantized-int8",
             progress=progress,
+            device=config.device or "cpu",
         )
 
     def _max_model_len(self, config: EngineConfig) -> int:

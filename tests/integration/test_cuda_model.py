@@ -236,3 +236,89 @@ def test_llm_on_cuda_structured_output_and_penalties(llms) -> None:
     for o in outs:
         value = json.loads(o.text)
         assert set(value) == {"name", "age"} and isinstance(value["age"], int)
+
+
+@pytest.mark.parametrize("kind", ["prefill", "greedy-decode", "sampled-decode"])
+def test_a_step_waits_for_the_gpu_once(kind: str) -> None:
+    """The host waits for the GPU once per step, when it reads the sampled ids: metadata, token
+    ids and uniforms go up asynchronously, masks and sampling stay on the device (torch's
+    sync-debug mode reports every synchronizing call)."""
+    import warnings
+
+    from trillium.engine.cuda_graphs import CudaGraphSteps
+    from trillium.engine.runner import ModelRunner
+    from trillium.models.step_buckets import StepBuckets
+    from trillium.protocol import SamplingParams, ScheduledRequest, StepInput
+
+    model, config = load_model(default_model_path(), torch.bfloat16, device="cuda", progress=False)
+    runner = ModelRunner(model, config, num_blocks=64, block_size=BLOCK_SIZE, dtype=torch.bfloat16, device="cuda")
+    runner.graphs = CudaGraphSteps(model, runner.kv_caches, BLOCK_SIZE, 8, StepBuckets([1, 4, 8]))
+    runner.graphs.capture()
+    params = (
+        SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=3, max_tokens=8)
+        if kind == "sampled-decode"
+        else SamplingParams(temperature=0.0, max_tokens=8)
+    )
+    prompts = [[random.randrange(config.vocab_size) for _ in range(20 + 7 * i)] for i in range(3)]
+    tables = [list(range(1 + 4 * i, 5 + 4 * i)) for i in range(3)]
+
+    def prefill() -> StepInput:
+        return StepInput(
+            requests=[
+                ScheduledRequest(
+                    request_id=f"r{i}", token_ids=p, start_pos=0, block_ids=t, sample=True, sampling=params
+                )
+                for i, (p, t) in enumerate(zip(prompts, tables))
+            ]
+        )
+
+    def decode(tokens: list[int]) -> StepInput:
+        return StepInput(
+            requests=[
+                ScheduledRequest(
+                    request_id=f"r{i}", token_ids=[tok], start_pos=len(p), block_ids=t, sample=True, sampling=params
+                )
+                for i, (p, t, tok) in enumerate(zip(prompts, tables, tokens))
+            ]
+        )
+
+    first = runner.execute(prefill()).sampled_token_ids  # warm-up: allocations, the flash probe
+    step = prefill() if kind == "prefill" else decode(first)
+    runner.execute(step)  # warm-up of this kind of step
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            runner.execute(step)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+    assert len(syncs) == 1, syncs
+
+
+def test_speculative_verify_on_the_gpu_equals_the_cpu() -> None:
+    """Verification runs where the logits are (the verify kernel's CUDA twin on a GPU): the same
+    accepted drafts and next tokens as on the CPU, greedy and seeded."""
+    from trillium.engine.verify import verify_drafts
+    from trillium.protocol import SamplingParams, ScheduledRequest
+
+    vocab, requests, rows = 1000, [], []
+    for i in range(6):
+        k = random.randint(1, 5)
+        logits = torch.randn(k + 1, vocab) * 3
+        # Drafts mostly the model's own choices, so that acceptance runs a few tokens deep.
+        drafts = [int(logits[j].argmax()) if random.random() < 0.7 else random.randrange(vocab) for j in range(k)]
+        sampling = (
+            SamplingParams(temperature=0.0) if i % 2 else SamplingParams(temperature=0.7, top_p=0.95, seed=100 + i)
+        )
+        requests.append(
+            ScheduledRequest(
+                request_id=f"r{i}", token_ids=[5, *drafts], start_pos=10, block_ids=[1], sample=True,
+                sampling=sampling, num_draft_tokens=k,
+            )
+        )  # fmt: skip
+        rows.append(logits)
+    logits = torch.cat(rows)
+    on_cpu = verify_drafts(logits.clone(), requests)
+    on_gpu = verify_drafts(logits.cuda(), requests)
+    assert [(v.num_accepted, v.token_id) for v in on_gpu] == [(v.num_accepted, v.token_id) for v in on_cpu]

@@ -226,6 +226,33 @@ def test_cuda_decode_with_a_loose_context_bound(bound, draw) -> None:
         assert err < TOLERANCE[torch.bfloat16], f"seed {seed}: {case.describe()} bound x{bound}: {err:.2e}"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU and trillium._cuda")
+@pytest.mark.parametrize("draw", range(6))
+def test_cuda_fresh_prefill_through_flash_attention_matches_reference(draw) -> None:
+    """A GPU step of prompts without a cached prefix runs flash attention over its own K/V: the
+    same result as the paged reference (and nothing where a prefix is cached)."""
+    seed = _seed()
+    rng = random.Random(seed)
+    shape = _shape(rng)
+    case = Case(spec=[(0, _log_uniform(rng, 2, 700)) for _ in range(rng.randint(1, 6))], **shape)
+    sub = rng.randrange(2**32)
+    gen = torch.Generator().manual_seed(sub)
+    meta, k_cache, v_cache, query = _build(case, torch.bfloat16, "cuda", random.Random(sub), gen)
+    hkv, d = case.num_kv_heads, case.head_dim
+    flat_k, flat_v = k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d)
+    key, value = flat_k[meta.slot_mapping], flat_v[meta.slot_mapping]  # this step's own K/V
+    scale = d**-0.5
+    out = attention.fresh_prefill_attention(query, key, value, meta, scale)
+    assert out is not None, "flash attention is unavailable on this GPU / torch"
+    expected = attention_ref.paged_attention(query.float(), k_cache.float(), v_cache.float(), meta, scale)
+    err = ((out.float() - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
+    assert err < TOLERANCE[torch.bfloat16], f"seed {seed}: {case.describe()}: {err:.2e}"
+    chunked = Case(spec=[(3, 5)], **shape)
+    meta2, _, _, q2 = _build(chunked, torch.bfloat16, "cuda", random.Random(sub), gen)
+    assert attention.fresh_prefill_attention(q2, q2[:, :hkv], q2[:, :hkv], meta2, scale) is None
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("draw", range(10))
 def test_extend_matches_reference(target, dtype, draw, threads) -> None:

@@ -114,7 +114,9 @@ class CudaGraphSteps:
             max_query_len=q,
             max_context_len=self.width * self.block_size,
             query_lens=[q] * batch,
-            context_lens_list=[q] * batch,
+            # The host-side context lengths say "longest possible", never "all fresh": a path
+            # specialised on prompts without a cached prefix must not be captured for all steps.
+            context_lens_list=[self.width * self.block_size] * batch,
         )
         ids, positions = self._input_ids[:tokens], self._positions[:tokens]
         # Warm up outside the capture (on a side stream, as torch asks): the first run of each

@@ -16,7 +16,7 @@ logprob of the next prompt token and its top k leave the step.
 
 On a GPU (``device="cuda"``) the step's metadata is built on the host and copied asynchronously,
 the logits stay on the GPU for the grammar mask and the sampler, and the host waits once, for
-the sampled token ids (speculative verification reads its rows back instead). With
+the sampled token ids (or the verify kernel's accepted counts and tokens). With
 :attr:`ModelRunner.graphs` set, a step whose requests all bring the same captured number of
 tokens (decode: 1, verify: k + 1) replays a CUDA graph (``engine.cuda_graphs``); others run eagerly.
 """
@@ -152,7 +152,7 @@ class ModelRunner:
         if draft_rows:
             assert all_logits is not None
             verified = verify_drafts(
-                all_logits[len(sample_rows) :].cpu(),
+                all_logits[len(sample_rows) :],
                 [requests[i] for i in draft_rows],
                 [draft_probs.get(i) for i in draft_rows] if draft_probs else None,
             )

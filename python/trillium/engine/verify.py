@@ -27,6 +27,7 @@ import dataclasses
 import torch
 
 from trillium.engine.sampler import TopLogprobs, apply_logit_bias, apply_penalties, row_logprobs, truncate, with_chosen
+from trillium.ops.attention import host_to_device
 from trillium.ops.spec_verify import VerifyMode, spec_verify
 from trillium.protocol import ScheduledRequest
 
@@ -81,7 +82,7 @@ def verify_drafts(
     logprobs = row_logprobs(logits, params)
 
     k = max(counts)
-    vocab = logits.shape[1]
+    vocab, device = logits.shape[1], logits.device
     target = logits.new_zeros((len(requests), k + 1, vocab))
     draft_tokens = torch.zeros(len(requests), k, dtype=torch.int64)
     uniforms = torch.zeros(len(requests), k + 1, dtype=torch.float64)
@@ -102,7 +103,7 @@ def verify_drafts(
         modes.append(VerifyMode.POINT_MASS if probs is None else VerifyMode.DRAFT_PROBS)
         span = n + 1
         # A tensor divisor, as in the sampler: dividing by a Python float may round differently.
-        scaled = rows / torch.tensor([sampling.temperature], dtype=rows.dtype).unsqueeze(1)
+        scaled = rows / host_to_device(torch.tensor([sampling.temperature], dtype=rows.dtype), device).unsqueeze(1)
         scaled = truncate(scaled, [sampling.top_k] * span, [sampling.top_p] * span, [sampling.min_p] * span)
         target[i, :span] = torch.softmax(scaled, dim=-1)
         first = r.start_pos + 1  # sequence index of the token row 0 predicts
@@ -115,12 +116,20 @@ def verify_drafts(
                 )
         if probs is not None:
             assert q is not None
-            q[i, :n] = probs
+            q[i, :n] = probs.to(device)
             generator = None if sampling.seed is None else position_generator(sampling.seed ^ _RESIDUAL_SALT, first)
             residual[i] = torch.rand(1, generator=generator, dtype=torch.float64)
     sampled = any(m != VerifyMode.GREEDY for m in modes)
+    # Drafts and uniforms are made on the host (the requests' generators are CPU generators) and
+    # copied asynchronously; on a GPU the kernel runs there and the host waits once, for its result.
     result = spec_verify(
-        target, draft_tokens, counts, modes, uniforms if sampled else None, residual if q is not None else None, q
+        target,
+        host_to_device(draft_tokens, device),
+        counts,
+        modes,
+        host_to_device(uniforms, device) if sampled else None,
+        host_to_device(residual, device) if q is not None else None,
+        q,
     )
     accepted = result.num_accepted.tolist()
     tokens = result.output_tokens.tolist()
@@ -129,7 +138,7 @@ def verify_drafts(
         # Row j's chosen token is draft j while j < a, then the model's token; later rows' are
         # never reported (any id will do).
         chosen = [row[j] if j <= a else 0 for a, row, n in zip(accepted, tokens, counts) for j in range(n + 1)]
-        per_row = with_chosen(logprobs, logits, torch.tensor(chosen, dtype=torch.int64))
+        per_row = with_chosen(logprobs, logits, host_to_device(torch.tensor(chosen, dtype=torch.int64), device))
         assert per_row is not None
         start = 0
         for v, r, n in zip(verified, requests, counts):

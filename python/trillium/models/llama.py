@@ -15,7 +15,7 @@ from torch import nn
 
 from trillium.models.config import ModelConfig
 from trillium.models.layers import RMSNorm, RopeStep, RotaryEmbedding, rotate_
-from trillium.ops.attention import AttentionMetadata, paged_attention, store_kv
+from trillium.ops.attention import AttentionMetadata, fresh_prefill_attention, paged_attention, store_kv
 from trillium.ops.decoder_stack import DecoderStack, LayerShape
 from trillium.ops.layer_ops import fused_ok, silu_and_mul
 from trillium.ops.quant_linear import BoundQuantLinear, QuantWeight, quant_linear
@@ -98,7 +98,9 @@ class LlamaAttention(nn.Module):
         q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)  # views [T, H*, D]
         k_cache, v_cache = kv_cache
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, meta, self.scale, window=self.window, softcap=self.softcap)
+        out = None if self.window or self.softcap else fresh_prefill_attention(q, k, v, meta, self.scale)
+        if out is None:
+            out = paged_attention(q, k_cache, v_cache, meta, self.scale, window=self.window, softcap=self.softcap)
         projected: torch.Tensor = self.o_proj(out.to(hidden.dtype).reshape(num_tokens, self.q_size))
         return projected
 

@@ -21,6 +21,7 @@ gather + SDPA version is :mod:`trillium.ops.attention_ref`, the oracle in tests.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -99,6 +100,56 @@ class AttentionMetadata:
             query_lens=list(query_lens),
             context_lens_list=list(context_lens),
         )
+
+
+def fresh_prefill_attention(
+    query: torch.Tensor,  # [T, Hq, D]
+    key: torch.Tensor,  # [T, Hkv, D]: this step's own keys
+    value: torch.Tensor,  # [T, Hkv, D]
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor | None:  # [T, Hq, D] in the query's dtype
+    """Causal attention of a GPU step in which every request starts from nothing (each context is
+    this step's own tokens), through flash attention over variable-length sequences; None where
+    that does not apply (CPU, fp32, a decode step, a cached prefix, no working flash kernel): use
+    :func:`paged_attention` then. Windows and soft-capping are the caller's to exclude. The K/V
+    still go to the pool (:func:`store_kv`) for the steps after this one."""
+    if query.is_cpu or query.dtype != torch.bfloat16 or meta.max_query_len <= 1:
+        return None
+    if meta.context_lens_list != meta.query_lens or not _flash_works(query.device):
+        return None
+    out: torch.Tensor = torch.ops.aten._flash_attention_forward(
+        query, key, value, meta.query_start_loc, meta.query_start_loc, meta.max_query_len, meta.max_query_len,
+        0.0, True, False, scale=scale,
+    )[0]  # fmt: skip
+    return out
+
+
+_FLASH: dict[torch.device, bool] = {}
+
+
+def _flash_works(device: torch.device) -> bool:
+    """Whether this torch's flash attention runs here on strided bf16 views (as the fused QKV's
+    are) and agrees with SDPA: probed once per device on a small grouped-query case; a torch
+    or GPU without it keeps the paged kernel (logged)."""
+    if device not in _FLASH:
+        try:
+            lens = torch.tensor([0, 5, 12], dtype=torch.int32, device=device)
+            fused = torch.randn(12, 4 + 2 * 2, 64, dtype=torch.bfloat16, device=device)
+            q, k, v = fused[:, :4], fused[:, 4:6], fused[:, 6:]
+            out = torch.ops.aten._flash_attention_forward(q, k, v, lens, lens, 7, 7, 0.0, True, False, scale=0.125)[0]
+            ok = True
+            for a, b in ((0, 5), (5, 12)):
+                qa, ka, va = (
+                    x[a:b].transpose(0, 1).float() for x in (q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+                )
+                ref = torch.nn.functional.scaled_dot_product_attention(qa, ka, va, is_causal=True, scale=0.125)
+                ok = ok and bool((out[a:b].float() - ref.transpose(0, 1)).abs().max() < 2e-2)
+            _FLASH[device] = ok
+        except (RuntimeError, TypeError, AttributeError) as exc:
+            logging.getLogger("trillium").info("flash attention unavailable, prefill uses the paged kernel: %s", exc)
+            _FLASH[device] = False
+    return _FLASH[device]
 
 
 def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:

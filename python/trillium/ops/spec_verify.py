@@ -46,6 +46,7 @@ from typing import NamedTuple
 import torch
 
 from trillium import _core
+from trillium.ops.attention import host_to_device
 from trillium.ops.kernel_specs import VerifySpec
 
 
@@ -174,7 +175,7 @@ def _int32_vector(x: torch.Tensor | Sequence[int], length: int, device: torch.de
     """``x`` as a contiguous int32 [length] tensor on ``device``. Wider integers are clamped to the
     int32 range first, so a huge value stays invalid (and named) instead of wrapping into range."""
     if not isinstance(x, torch.Tensor):
-        x = torch.tensor(list(x), dtype=torch.int64, device=device)
+        x = host_to_device(torch.tensor(list(x), dtype=torch.int64), device)  # no host wait on a GPU
     if x.shape != (length,) or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer [{length}] tensor or sequence, got {tuple(x.shape)} {x.dtype}")
     x = _on(x, device, name)

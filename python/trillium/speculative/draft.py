@@ -337,6 +337,7 @@ def load_draft(
     quantized: bool = False,
     int8_activations: bool = False,
     progress: bool = True,
+    device: str = "cpu",
 ) -> DraftProposer:
     """The draft model at ``path`` (GGUF file or HF directory, the target's loaders) with its
     KV pool: ``kv_cache_gib``, or None for as many blocks as the target's pool. Its tokenizer is
@@ -344,7 +345,7 @@ def load_draft(
     check_same_tokenizer(target_path, target_tokenizer, path, load_tokenizer(path))
     log.info("loading draft model from %s", path)
     model, config = load_model(
-        path, dtype=dtype, progress=progress, quantized=quantized, int8_activations=int8_activations
+        path, dtype=dtype, device=device, progress=progress, quantized=quantized, int8_activations=int8_activations
     )
     if config.vocab_size != target_config.vocab_size:
         raise ValueError(
@@ -359,5 +360,10 @@ def load_draft(
         "draft KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, block_size, num_blocks * per_block / 2**30
     )
     return DraftProposer(
-        model, num_blocks=num_blocks, block_size=block_size, dtype=dtype, max_catch_up_tokens=max_catch_up_tokens
+        model,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        dtype=dtype,
+        max_catch_up_tokens=max_catch_up_tokens,
+        device=device,
     )
