@@ -223,8 +223,11 @@ size_t decode_smem(int32_t split) {
 template <int kD, int kG>
 cudaError_t launch(const PagedAttentionArgs& a, int32_t split, int32_t splits, void* workspace, cudaStream_t stream) {
   const size_t smem = decode_smem<kD, kG>(split);
-  static bool raised = false;  // the attribute is per kernel: set once, to the largest we ever ask for
-  if (smem > 48 * 1024 && !raised) {
+  // The attribute is per kernel: set once, to the largest size any split needs. Always, not only
+  // past 48 KiB: the kernel's static shared memory counts against the same default limit, so a
+  // dynamic size of exactly 48 KiB (split 512, G 8, D 128) would not launch without it.
+  static bool raised = false;
+  if (!raised) {
     const cudaError_t err = cudaFuncSetAttribute(decode_kernel<kD, kG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(decode_smem<kD, kG>(kMaxSplit)));
     if (err != cudaSuccess) return err;

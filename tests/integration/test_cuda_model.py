@@ -292,7 +292,7 @@ def test_a_step_waits_for_the_gpu_once(kind: str) -> None:
             runner.execute(step)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+    syncs = [str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
     assert len(syncs) == 1, syncs
 
 
