@@ -25,7 +25,9 @@ def test_spec_ceiling_smoke():
     assert set(rows) == {"engine", "always", "oracle"}
     for r in rows.values():
         assert r["k"] == 3 and r["steps"] > 0 and r["verifies"] <= r["steps"]
-    # The oracle walks the same tokens as `always` with only the drafts that are accepted, so no
-    # more rows (the timed costs may be a little out of order between neighbouring row counts).
-    assert rows["oracle"]["speedup"] >= 0.9 * rows["always"]["speedup"]
+    # The oracle walks the same tokens as `always` with only the drafts that are accepted: no more
+    # steps and no more verify steps. (Not its speedup: that comes from timed step costs, which
+    # a noisy machine may put out of order -- a test checks that a benchmark runs, not how fast.)
+    assert rows["oracle"]["steps"] <= rows["always"]["steps"]
+    assert rows["oracle"]["verifies"] <= rows["always"]["verifies"]
     assert "| policy | k |" in out.stdout

@@ -24,7 +24,7 @@ FP32 = 0  # trillium::DType::kF32
 
 def rows(x: np.ndarray) -> RowsSpec:
     """The spec of a C-contiguous float32 [T, heads, head_dim] array."""
-    t, h, d = x.shape
+    _, h, d = x.shape
     return RowsSpec(data_ptr=x.ctypes.data, num_heads=h, stride_token=h * d, stride_head=d, dtype=FP32)
 
 
