@@ -149,8 +149,10 @@ class EngineClient:
         max_running: int = 64,
         max_waiting: int = DEFAULT_MAX_WAITING,
         num_kv_tokens: int | None = None,
+        block_size: int | None = None,
     ) -> None:
         self.model_name = model_name
+        self.block_size = block_size  # tokens per KV block (None: unknown); read-only
         self.model_config = model_config
         self.max_model_len = max_model_len
         self.num_kv_tokens = num_kv_tokens  # the KV pool's capacity (None: unknown); read-only

@@ -246,6 +246,7 @@ class Engine:
             max_running=config.max_running,
             max_waiting=config.max_waiting,
             num_kv_tokens=num_blocks * config.block_size,
+            block_size=config.block_size,
         )
 
     def actors(self) -> list[Actor]:

@@ -182,3 +182,16 @@ def test_openai_client_raises_bad_request_on_400(openai_client):
         openai_client.chat.completions.create(model=MODEL, messages=[], max_tokens=5)
     with pytest.raises(openai.NotFoundError):
         openai_client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+
+
+def test_a_router_sees_the_load_the_server_info_and_vllms_gauge_names(http, openai_client):
+    """What vllm-router reads from a worker: ``/get_load`` (power_of_two), ``/get_server_info``
+    (model and KV block size) and vLLM's gauge names in ``/metrics``, next to trillium's own."""
+    load = http.get("/get_load")
+    assert load.status_code == 200 and isinstance(load.json()["load"], int) and load.json()["load"] >= 0
+    info = http.get("/get_server_info").json()
+    assert info["engine"] == "trillium" and info["model_id"] == openai_client.models.list().data[0].id
+    assert info["kv_block_size"] == 16 and info["kv_cache_tokens"] % 16 == 0 and info["max_model_len"] > 0
+    metrics = http.get("/metrics").text
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        assert f"vllm:{name}{{" in metrics and f"trillium:{name}{{" in metrics

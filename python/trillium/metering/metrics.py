@@ -55,9 +55,12 @@ class _SchedulerCollector:
             ("num_requests_waiting", "num_requests_waiting", "Requests waiting for admission."),
             ("kv_cache_usage_perc", "kv_cache_usage_perc", "Fraction of KV blocks held by requests (0-1)."),
         ):
-            gauge = GaugeMetricFamily(f"trillium:{name}", doc, labels=["model_name"])
-            gauge.add_metric(self._labels, float(stats.get(key, 0)))
-            yield gauge
+            # Also under vLLM's own names: routers and autoscalers written for vLLM workers
+            # (vllm-router among them) read these three.
+            for prefix in ("trillium", "vllm"):
+                gauge = GaugeMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
+                gauge.add_metric(self._labels, float(stats.get(key, 0)))
+                yield gauge
         preemptions = CounterMetricFamily(
             "trillium:num_preemptions", "Requests preempted (recompute).", labels=["model_name"]
         )

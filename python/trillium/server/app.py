@@ -100,6 +100,8 @@ def build_app(
         Route("/health", routes.health, methods=["GET"]),
         Route("/health/ready", routes.ready, methods=["GET"]),
         Route("/stats", routes.stats, methods=["GET"]),
+        Route("/get_load", routes.load, methods=["GET"]),
+        Route("/get_server_info", routes.server_info, methods=["GET"]),
         Route("/metrics", ops.metrics, methods=["GET"]),
         Route("/v1/usage", ops.usage, methods=["GET"]),
         Route("/v1/models", routes.models, methods=["GET"]),

@@ -81,6 +81,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/health/ready"): Operation(
         "ready", "Readiness: 503 while starting, draining or restarting an actor.", ok=(out.Readiness,), probe=True
     ),
+    ("GET", "/get_load"): Operation("get_load", "Requests running plus waiting (vllm-router's load).", ok=(out.Load,)),
+    ("GET", "/get_server_info"): Operation(
+        "get_server_info", "The served model, context length and KV block size.", ok=(out.ServerInfo,)
+    ),
     ("GET", "/stats"): Operation(
         "stats", "Scheduler, KV-pool and grammar counters.", ok=(SchedulerStats, GrammarStats)
     ),
@@ -209,7 +213,7 @@ def build_document(endpoints: Sequence[tuple[str, str]]) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {
             "title": "trillium",
-            "version": _version(),
+            "version": package_version(),
             "description": "An OpenAI-compatible LLM inference server. Errors are OpenAI's "
             '`{"error": {"message", "type", "param", "code"}}`.',
         },
@@ -281,7 +285,8 @@ def _sse_event(chunk: dict[str, Any], error: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _version() -> str:
+def package_version() -> str:
+    """The installed trillium's version ("0.0.0" when run from a source tree)."""
     try:
         return version("trillium")
     except PackageNotFoundError:  # running from a source tree

@@ -194,6 +194,24 @@ class DetokenizeResponse(msgspec.Struct, kw_only=True):
     prompt: str
 
 
+class Load(msgspec.Struct, kw_only=True):
+    """``GET /get_load`` (vllm-router's ``power_of_two`` policy reads it): requests running plus
+    waiting."""
+
+    load: int
+
+
+class ServerInfo(msgspec.Struct, kw_only=True):
+    """``GET /get_server_info``: what a router or operator needs to know of this worker."""
+
+    engine: Literal["trillium"] = "trillium"
+    version: str
+    model_id: str
+    max_model_len: int
+    kv_block_size: int | None = None
+    kv_cache_tokens: int | None = None
+
+
 class Liveness(msgspec.Struct, kw_only=True):
     """``GET /health``: 200 ``ok``, or 503 ``unhealthy`` with the reasons."""
 

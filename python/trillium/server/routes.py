@@ -41,6 +41,7 @@ from trillium.server.openai_shapes import (
     TokenLogprobs,
     error_payload,
 )
+from trillium.server.openapi import package_version
 from trillium.server.schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -117,6 +118,27 @@ class Routes:
         """Scheduler, KV-pool and grammar counters as JSON (llama.cpp's ``/slots`` idea; ``/metrics``
         has the same gauges for Prometheus)."""
         return json_response(self.client.stats())
+
+    async def load(self, request: Request) -> Response:
+        """``{"load": running + waiting}``: the load vllm-router's ``power_of_two`` policy polls."""
+        stats = self.client.stats()
+        return json_response(
+            {"load": int(stats.get("num_requests_running", 0)) + int(stats.get("num_requests_waiting", 0))}
+        )
+
+    async def server_info(self, request: Request) -> Response:
+        """The served model and the KV geometry (the keys vLLM's ``/get_server_info`` uses where
+        they mean the same; no file paths)."""
+        return json_response(
+            {
+                "engine": "trillium",
+                "version": package_version(),
+                "model_id": self.client.model_name,
+                "max_model_len": self.client.max_model_len,
+                "kv_block_size": self.client.block_size,
+                "kv_cache_tokens": self.client.num_kv_tokens,
+            }
+        )
 
     async def models(self, request: Request) -> Response:
         self.accounting.auth.tenant(request)
