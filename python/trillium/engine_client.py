@@ -27,6 +27,7 @@ from trillium.protocol import (
     DetokenizeRequest,
     DetokenizeResult,
     FinishReason,
+    FlushPrefixCache,
     GrammarCompiled,
     GrammarStats,
     SamplingParams,
@@ -301,6 +302,15 @@ class EngineClient:
             self._scheduler.send_nowait(AbortRequest(request_id))
         except (trio.WouldBlock, trio.ClosedResourceError):
             pass
+
+    def flush_prefix_cache(self) -> None:
+        """Ask the scheduler to drop every cached prefix no request holds (applied before its next
+        step; ``num_cached_blocks`` in :meth:`stats` shows it). EngineOverloaded when its inbox is
+        full."""
+        try:
+            self._scheduler.send_nowait(FlushPrefixCache())
+        except trio.WouldBlock as exc:
+            raise EngineOverloaded("scheduler inbox is full") from exc
 
     def stats(self) -> dict[str, Any]:
         """The latest counters the scheduler and grammar actors published (``/stats``, ``/metrics``)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -125,3 +126,20 @@ def test_streamed_usage_reports_cached_tokens(server):
         lines = [line for line in r.iter_lines() if line.startswith("data: {")]
     usage = json.loads(lines[-1][6:])["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 16
+
+
+def test_flush_cache_drops_the_cached_prefixes(server):
+    """``POST /flush_cache`` (vllm-router fans it out to every worker): what was cached is gone,
+    so the same prompt is computed again."""
+    messages = [{"role": "user", "content": "Flush test. " + SYSTEM[:800]}]
+    chat(server.base_url, messages)
+    assert chat(server.base_url, messages)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    r = httpx.post(server.base_url + "/flush_cache", timeout=30)
+    assert r.status_code == 200 and r.json() == {"status": "flushing"}
+    for _ in range(100):
+        if httpx.get(server.base_url + "/stats", timeout=30).json()["num_cached_blocks"] == 0:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the prefix cache still holds blocks after /flush_cache")
+    assert chat(server.base_url, messages)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

@@ -158,6 +158,11 @@ class AbortRequest(msgspec.Struct, array_like=True, gc=False):
     request_id: str
 
 
+class FlushPrefixCache(msgspec.Struct, array_like=True, gc=False):
+    """Frontend -> scheduler: drop every cached prefix no running request holds (``POST
+    /flush_cache``; a router fans it out to its workers). Blocks a request uses stay."""
+
+
 class TokenDelta(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     """Scheduler -> frontend: new token ids of one request, oldest first.
 

@@ -31,6 +31,7 @@ from trillium.protocol import (
     AbortRequest,
     AddRequest,
     FinishReason,
+    FlushPrefixCache,
     SchedulerStats,
     StepInput,
     StepOutput,
@@ -89,7 +90,7 @@ class SchedulerActor(Actor):
         config: SchedulerConfig,
         kv: KVBlockManager,
         executor: Executor,
-        inbox: trio.MemoryReceiveChannel[AddRequest | AbortRequest],
+        inbox: trio.MemoryReceiveChannel[AddRequest | AbortRequest | FlushPrefixCache],
         bitmask_filler: BitmaskFiller | None = None,
         *,
         step_timeout_s: float = STEP_TIMEOUT_S,
@@ -188,13 +189,15 @@ class SchedulerActor(Actor):
             self.took_message()
             self._apply(message)
 
-    def _apply(self, message: AddRequest | AbortRequest) -> None:
+    def _apply(self, message: AddRequest | AbortRequest | FlushPrefixCache) -> None:
         if isinstance(message, AddRequest):
             self._add(message)
         elif isinstance(message, AbortRequest):
             request = self.policy.abort(message.request_id)
             if request is not None:
                 request.reply.close()
+        elif isinstance(message, FlushPrefixCache):
+            log.info("prefix cache flushed: %d blocks freed", self.policy.kv.flush())
         else:
             log.error("scheduler: unexpected message %r", message)
 

@@ -149,6 +149,11 @@ class KVBlockManager:
         request.num_computed_tokens = 0
         request.num_inserted_blocks = 0
 
+    def flush(self) -> int:
+        """Drop every cached prefix that no request holds; returns the blocks freed (0 without a
+        prefix cache)."""
+        return self.tree.clear() if self.tree is not None else 0
+
     def rebuilt(self) -> KVBlockManager:
         """A manager over a fresh allocator (and prefix cache, if this one has one) of the same
         size: every reference and cached prefix dropped. For recovery after a failed step; the

@@ -101,6 +101,7 @@ def build_app(
         Route("/health/ready", routes.ready, methods=["GET"]),
         Route("/stats", routes.stats, methods=["GET"]),
         Route("/get_load", routes.load, methods=["GET"]),
+        Route("/flush_cache", routes.flush_cache, methods=["POST"]),
         Route("/get_server_info", routes.server_info, methods=["GET"]),
         Route("/metrics", ops.metrics, methods=["GET"]),
         Route("/v1/usage", ops.usage, methods=["GET"]),

@@ -82,6 +82,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "ready", "Readiness: 503 while starting, draining or restarting an actor.", ok=(out.Readiness,), probe=True
     ),
     ("GET", "/get_load"): Operation("get_load", "Requests running plus waiting (vllm-router's load).", ok=(out.Load,)),
+    ("POST", "/flush_cache"): Operation(
+        "flush_cache",
+        "Drop every cached prefix no running request holds (vllm-router fans it out to workers).",
+        ok=(out.CacheFlushed,),
+        errors=(503,),
+    ),
     ("GET", "/get_server_info"): Operation(
         "get_server_info", "The served model, context length and KV block size.", ok=(out.ServerInfo,)
     ),

@@ -201,6 +201,12 @@ class Load(msgspec.Struct, kw_only=True):
     load: int
 
 
+class CacheFlushed(msgspec.Struct, kw_only=True):
+    """``POST /flush_cache``: the flush is queued for the scheduler's next turn."""
+
+    status: Literal["flushing"] = "flushing"
+
+
 class ServerInfo(msgspec.Struct, kw_only=True):
     """``GET /get_server_info``: what a router or operator needs to know of this worker."""
 

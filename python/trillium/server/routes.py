@@ -126,6 +126,15 @@ class Routes:
             {"load": int(stats.get("num_requests_running", 0)) + int(stats.get("num_requests_waiting", 0))}
         )
 
+    async def flush_cache(self, request: Request) -> Response:
+        """Drop the prefix cache's unheld prefixes (applied before the scheduler's next step);
+        503 + Retry-After while its inbox is full."""
+        try:
+            self.client.flush_prefix_cache()
+        except EngineOverloaded as exc:
+            raise overloaded(str(exc)) from exc
+        return json_response({"status": "flushing"})
+
     async def server_info(self, request: Request) -> Response:
         """The served model and the KV geometry (the keys vLLM's ``/get_server_info`` uses where
         they mean the same; no file paths)."""
