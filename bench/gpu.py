@@ -35,6 +35,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 # ------------------------------------------------------------------------------------ attention
@@ -182,19 +183,9 @@ def run_trillium(streams: list[int], max_tokens: int, prefill_n: int, prefill_le
 
 
 def run_hf(streams: list[int], max_tokens: int, prefill_n: int, prefill_len: int) -> list[dict]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from hf_offline import load_hf
 
-    from tests.hf_oracle import reference_dir
-    from trillium.models.registry import default_model_path
-
-    cache = ROOT / ".pytest_cache"
-    cache.mkdir(exist_ok=True)
-    folder = reference_dir(cache, default_model_path())
-    tok = AutoTokenizer.from_pretrained(folder)
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to("cuda").eval()
+    tok, model = load_hf(torch.bfloat16, "cuda")
     rows = []
 
     def generate(prompts: list[str], new: int) -> tuple[int, int, float]:

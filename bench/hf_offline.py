@@ -38,7 +38,9 @@ def run_trillium(prompts: list[str], max_tokens: int) -> dict:
     return {"engine": "trillium", "output_tokens": tokens, "wall_s": round(wall, 2), "tok_s": round(tokens / wall, 1)}
 
 
-def run_hf(prompts: list[str], max_tokens: int, batch: int) -> dict:
+def load_hf(dtype: torch.dtype, device: str = "cpu") -> tuple:
+    """(tokenizer padding on the left, model in eval mode on ``device``): the embedded GGUF as
+    transformers dequantizes it (tests/hf_oracle.py's cached copy)."""
     from pathlib import Path
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -53,7 +55,11 @@ def run_hf(prompts: list[str], max_tokens: int, batch: int) -> dict:
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return tok, AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+
+
+def run_hf(prompts: list[str], max_tokens: int, batch: int) -> dict:
+    tok, model = load_hf(torch.float32)
     tokens, start = 0, time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(prompts), batch):

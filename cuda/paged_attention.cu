@@ -15,6 +15,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "dtype_access.cuh"
 #include "launchers.h"
 
 namespace trillium::cuda {
@@ -29,18 +30,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-__device__ __forceinline__ float load_any(const void* base, DType t, int64_t i) {
-  return t == DType::kF32 ? static_cast<const float*>(base)[i]
-                          : __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-}
-__device__ __forceinline__ void store_any(void* base, DType t, int64_t i, float x) {
-  if (t == DType::kF32) {
-    static_cast<float*>(base)[i] = x;
-  } else {
-    static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x);
-  }
-}
 
 __device__ __forceinline__ float warp_max(float x) {
   for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));

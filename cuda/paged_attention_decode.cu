@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "dtype_access.cuh"
 #include "launchers.h"
 
 namespace trillium::cuda {
@@ -30,18 +31,6 @@ constexpr int kMaxSplit = kMaxDecodeSplit;
 constexpr int kThreads = 128;
 constexpr int kElems = 8;  // bf16 per 16-byte load
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float load_any(const void* base, DType t, int64_t i) {
-  return t == DType::kF32 ? static_cast<const float*>(base)[i]
-                          : __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-}
-__device__ __forceinline__ void store_any(void* base, DType t, int64_t i, float x) {
-  if (t == DType::kF32) {
-    static_cast<float*>(base)[i] = x;
-  } else {
-    static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x);
-  }
-}
 
 __device__ __forceinline__ void unpack(const uint4& raw, float (&x)[kElems]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);

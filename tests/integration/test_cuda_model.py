@@ -16,7 +16,6 @@ decoded all 16 tokens exactly as HF bf16 and 2 left its path at such a near-tie.
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 
@@ -24,6 +23,15 @@ import pytest
 import torch
 
 from tests.hf_oracle import hf_reference_dir  # noqa: F401  (fixture)
+from tests.integration.test_hf_parity import (  # the CPU parity test's runner and prompts, on the GPU here
+    BLOCK_SIZE,
+    PagedRunner,
+    _hf_greedy,
+    _same_until_eos,
+)
+from tests.integration.test_hf_parity import (
+    prompts as parity_prompts,  # noqa: F401  (fixture)
+)
 from trillium.models import default_model_path, load_model
 from trillium.ops.attention import AttentionMetadata
 
@@ -44,54 +52,7 @@ pytestmark = [
     pytest.mark.skipif(not _cuda_ready(), reason="needs a CUDA GPU and trillium._cuda"),
 ]
 
-BLOCK_SIZE = 16
 NEW_TOKENS = 16
-CHAT = [
-    [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "You are a poet."}, {"role": "user", "content": "Write two lines about the sea."}],
-]
-RAW = ["The three primary colors are", "def fibonacci(n):\n    "]
-
-
-@pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    from trillium.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(default_model_path())
-    return [tok.encode(tok.apply_chat_template(m)) for m in CHAT] + [
-        tok.encode(p, add_special_tokens=True) for p in RAW
-    ]
-
-
-class CudaPagedRunner:
-    """One request at a time through the paged KV on the GPU: chunked prefill, then greedy decode."""
-
-    def __init__(self, model, num_blocks: int = 32) -> None:
-        self.model = model
-        self.kv = model.allocate_kv_caches(num_blocks, BLOCK_SIZE, device="cuda")
-        self.table = list(range(num_blocks - 1, 0, -1))  # reversed ids: the block table is really read
-
-    @torch.inference_mode()
-    def step(self, ids: list[int], start: int) -> torch.Tensor:  # [V] fp32 logits of the last new token
-        n = len(ids)
-        meta = AttentionMetadata.build(
-            [n], [start + n], [self.table[: -(-(start + n) // BLOCK_SIZE)]], BLOCK_SIZE, "cuda"
-        )
-        hidden = self.model(
-            torch.tensor(ids, device="cuda"), torch.arange(start, start + n, device="cuda"), self.kv, meta
-        )
-        return self.model.compute_logits(hidden[-1:])[0].float().cpu()
-
-    def greedy(self, prompt: list[int], num_new: int, chunks: int = 1) -> tuple[list[int], torch.Tensor]:
-        bounds = [len(prompt) * i // chunks for i in range(chunks + 1)]
-        for a, b in itertools.pairwise(bounds):
-            logits = self.step(prompt[a:b], a)
-        first = logits
-        out = [int(logits.argmax())]
-        while len(out) < num_new:
-            logits = self.step(out[-1:], len(prompt) + len(out) - 1)
-            out.append(int(logits.argmax()))
-        return out, first
 
 
 def _hf(reference_dir, dtype: torch.dtype):
@@ -100,40 +61,26 @@ def _hf(reference_dir, dtype: torch.dtype):
     return AutoModelForCausalLM.from_pretrained(reference_dir, dtype=dtype).to("cuda").eval()
 
 
-def _hf_greedy(model, prompt: list[int], num_new: int) -> tuple[list[int], torch.Tensor]:
-    with torch.inference_mode():
-        ids = torch.tensor([prompt], device="cuda")
-        logits = model(ids).logits[0, -1].float().cpu()
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_new, do_sample=False, pad_token_id=2
-        )
-    return out[0, len(prompt) :].tolist(), logits
-
-
-def _same_until_eos(ours: list[int], theirs: list[int], eos: int = 2) -> bool:
-    return ours[: len(theirs)] == theirs and (len(theirs) == len(ours) or theirs[-1] == eos)
-
-
 @pytest.fixture(scope="module")
 def hf_fp32_cuda(hf_reference_dir):  # noqa: F811
     return _hf(hf_reference_dir, torch.float32)
 
 
-def test_fp32_on_cuda_matches_hf(prompts, hf_fp32_cuda) -> None:
+def test_fp32_on_cuda_matches_hf(parity_prompts, hf_fp32_cuda) -> None:  # noqa: F811
     ours, _ = load_model(default_model_path(), torch.float32, device="cuda", progress=False)
-    for prompt in prompts:
-        hf_tokens, hf_logits = _hf_greedy(hf_fp32_cuda, prompt, NEW_TOKENS)
-        tokens, logits = CudaPagedRunner(ours).greedy(prompt, NEW_TOKENS, chunks=2)
+    for prompt in parity_prompts:
+        hf_tokens, hf_logits = _hf_greedy(hf_fp32_cuda, prompt, NEW_TOKENS, "cuda")
+        tokens, logits = PagedRunner(ours, device="cuda").greedy(prompt, NEW_TOKENS, chunks=2)
         assert (logits - hf_logits).abs().max() <= 1e-3 * hf_logits.abs().max()
         assert _same_until_eos(tokens, hf_tokens), (tokens, hf_tokens)
 
 
-def test_bf16_on_cuda_greedy_matches_hf_bf16(prompts, hf_fp32_cuda, hf_reference_dir) -> None:  # noqa: F811
+def test_bf16_on_cuda_greedy_matches_hf_bf16(parity_prompts, hf_fp32_cuda, hf_reference_dir) -> None:  # noqa: F811
     hf_bf16 = _hf(hf_reference_dir, torch.bfloat16)
     ours, _ = load_model(default_model_path(), torch.bfloat16, device="cuda", progress=False)
-    for prompt in prompts:
-        hf_tokens, _ = _hf_greedy(hf_bf16, prompt, NEW_TOKENS)
-        tokens, _ = CudaPagedRunner(ours).greedy(prompt, NEW_TOKENS)
+    for prompt in parity_prompts:
+        hf_tokens, _ = _hf_greedy(hf_bf16, prompt, NEW_TOKENS, "cuda")
+        tokens, _ = PagedRunner(ours, device="cuda").greedy(prompt, NEW_TOKENS)
         n = len(hf_tokens)  # HF stops at EOS
         diverged = next((i for i in range(n) if tokens[i] != hf_tokens[i]), None)
         if diverged is None:
@@ -172,12 +119,10 @@ def test_captured_step_equals_eager_step(num_requests: int, q: int) -> None:
     new = [[random.randrange(config.vocab_size) for _ in range(q)] for _ in range(num_requests)]
     ids = [t for n in new for t in n]
     positions = [len(p) + i for p in prompts for i in range(q)]
-    slots = [tables[r][p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for r in range(num_requests)
-             for p in positions[r * q : (r + 1) * q]]  # fmt: skip
     context = [len(p) + q for p in prompts]
     shape = graphs.match([q] * num_requests)
     assert shape is not None and shape[0] >= num_requests
-    captured = graphs.run(shape, ids, positions, slots, context, tables).clone()
+    captured = graphs.run(shape, ids, positions, context, tables).clone()
     meta = AttentionMetadata.build([q] * num_requests, context, tables, BLOCK_SIZE, "cuda")
     with torch.inference_mode():
         hidden = model(torch.tensor(ids, device="cuda"), torch.tensor(positions, device="cuda"), kv, meta)

@@ -65,11 +65,13 @@ def hf_fp32(hf_reference_dir):  # noqa: F811
 
 
 class PagedRunner:
-    """A minimal single-request engine: prefill in chunks, then greedy decode through the paged KV."""
+    """A minimal single-request engine: prefill in chunks, then greedy decode through the paged KV
+    (on the model's ``device``; the logits come back to the CPU)."""
 
-    def __init__(self, model, num_blocks: int = 32) -> None:
+    def __init__(self, model, num_blocks: int = 32, device: str = "cpu") -> None:
         self.model = model
-        self.kv = model.allocate_kv_caches(num_blocks, BLOCK_SIZE)
+        self.device = device
+        self.kv = model.allocate_kv_caches(num_blocks, BLOCK_SIZE, device=device)
         # Non-contiguous, reversed block ids so that block-table indirection is exercised.
         self.table = list(range(num_blocks - 1, 0, -1))
 
@@ -77,9 +79,10 @@ class PagedRunner:
     def step(self, ids: list[int], start: int) -> torch.Tensor:  # -> [V] logits of the last new token
         n = len(ids)
         needed = -(-(start + n) // BLOCK_SIZE)
-        meta = AttentionMetadata.build([n], [start + n], [self.table[:needed]], BLOCK_SIZE, "cpu")
-        hidden = self.model(torch.tensor(ids), torch.arange(start, start + n), self.kv, meta)
-        return self.model.compute_logits(hidden[-1:])[0]
+        meta = AttentionMetadata.build([n], [start + n], [self.table[:needed]], BLOCK_SIZE, self.device)
+        tokens = torch.tensor(ids, device=self.device)
+        hidden = self.model(tokens, torch.arange(start, start + n, device=self.device), self.kv, meta)
+        return self.model.compute_logits(hidden[-1:])[0].float().cpu()
 
     def greedy(self, prompt: list[int], num_new: int, chunks: int = 1) -> tuple[list[int], torch.Tensor]:
         """Tokens generated greedily and the prefill's last-position logits."""
@@ -94,10 +97,10 @@ class PagedRunner:
         return out, first_logits
 
 
-def _hf_greedy(model, prompt: list[int], num_new: int) -> tuple[list[int], torch.Tensor]:
+def _hf_greedy(model, prompt: list[int], num_new: int, device: str = "cpu") -> tuple[list[int], torch.Tensor]:
     with torch.inference_mode():
-        ids = torch.tensor([prompt])
-        logits = model(ids).logits[0, -1].float()
+        ids = torch.tensor([prompt], device=device)
+        logits = model(ids).logits[0, -1].float().cpu()
         out = model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_new, do_sample=False, pad_token_id=2
         )

@@ -31,7 +31,7 @@ import torch
 
 from trillium.models.llama import KVCache, LlamaForCausalLM
 from trillium.models.step_buckets import StepBuckets
-from trillium.ops.attention import AttentionMetadata
+from trillium.ops.attention import AttentionMetadata, slot_mapping
 
 log = logging.getLogger("trillium.engine")
 
@@ -154,20 +154,21 @@ class CudaGraphSteps:
         shape: tuple[int, int],
         input_ids: list[int],
         positions: list[int],
-        slot_mapping: list[int],
         context_lens: list[int],
         block_tables: list[list[int]],
     ) -> torch.Tensor:  # [R * q, V] fp32: a view into the graph's output, valid until the next replay
         """One step of R requests in ``shape`` (from :meth:`match`): token i of request r is
-        ``input_ids[r * q + i]`` at ``positions[r * q + i]``, stored at ``slot_mapping[...]``;
-        ``block_tables[r]`` covers its ``context_lens[r]`` tokens (at most W blocks)."""
+        ``input_ids[r * q + i]`` at ``positions[r * q + i]`` (the last q of its ``context_lens[r]``
+        tokens); ``block_tables[r]`` covers them (at most W blocks). ValueError as
+        :func:`~trillium.ops.attention.slot_mapping`, or for a table wider than W."""
         batch, q = shape
         num_requests = len(context_lens)
         tokens = num_requests * q
         used = max(len(t) for t in block_tables)
         if used > self.width:
             raise ValueError(f"a block table of {used} blocks exceeds the captured width {self.width}")
-        host = torch.tensor([input_ids, positions, slot_mapping], dtype=torch.int64).pin_memory()
+        slots = slot_mapping([q] * num_requests, context_lens, block_tables, self.block_size)
+        host = torch.tensor([input_ids, positions, slots], dtype=torch.int64).pin_memory()
         self._input_ids[:tokens].copy_(host[0], non_blocking=True)
         self._positions[:tokens].copy_(host[1], non_blocking=True)
         self._slots[:tokens].copy_(host[2], non_blocking=True)

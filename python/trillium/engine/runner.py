@@ -23,6 +23,7 @@ tokens (decode: 1, verify: k + 1) replays a CUDA graph (``engine.cuda_graphs``);
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -117,10 +118,7 @@ class ModelRunner:
         hidden = torch.empty(0)
         if shape is not None:
             assert self.graphs is not None
-            bs = self.block_size
-            slots = [block_tables[i][p // bs] * bs + p % bs for i, r in enumerate(requests) for p in
-                     range(r.start_pos, r.start_pos + query_lens[i])]  # fmt: skip
-            step_logits = self.graphs.run(shape, input_ids, positions, slots, context_lens, block_tables)
+            step_logits = self.graphs.run(shape, input_ids, positions, context_lens, block_tables)
         else:
             meta = AttentionMetadata.build(query_lens, context_lens, block_tables, self.block_size, self.device)
             hidden = self.model(
@@ -129,7 +127,7 @@ class ModelRunner:
                 self.kv_caches,
                 meta,
             )  # [T, hidden]
-        starts = _offsets(query_lens)  # where each request's rows start, then the end
+        starts = list(itertools.accumulate(query_lens, initial=0))  # each request's first row, then the end
 
         sample_rows = [i for i, r in enumerate(requests) if r.sample and not r.num_draft_tokens]
         draft_rows = [i for i, r in enumerate(requests) if r.num_draft_tokens]
@@ -183,12 +181,12 @@ class ModelRunner:
         step, else through the output head; on the CPU for a CPU model, else on its device."""
         if not rows:
             return None
+        if step_logits is not None and rows == list(range(step_logits.shape[0])):
+            return step_logits
+        index = host_to_device(torch.tensor(rows, dtype=torch.long), self.device)
         if step_logits is not None:
-            if rows == list(range(step_logits.shape[0])):
-                return step_logits
-            return step_logits.index_select(0, host_to_device(torch.tensor(rows, dtype=torch.long), self.device))
-        picked = hidden.index_select(0, host_to_device(torch.tensor(rows, dtype=torch.long), self.device))
-        logits = self.model.compute_logits(picked).float()
+            return step_logits.index_select(0, index)
+        logits = self.model.compute_logits(hidden.index_select(0, index)).float()
         return logits.cpu() if self.device == "cpu" else logits
 
     def _prompt_logprobs(
@@ -242,14 +240,6 @@ class ModelRunner:
             if q is not None and tokens:
                 probs[i] = q
         return requests, drafts, probs
-
-
-def _offsets(query_lens: list[int]) -> list[int]:
-    """0 and the running sums of ``query_lens``: where each request's rows start, then the end."""
-    out = [0]
-    for n in query_lens:
-        out.append(out[-1] + n)
-    return out
 
 
 def _generator(request: ScheduledRequest) -> torch.Generator | None:

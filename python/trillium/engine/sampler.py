@@ -181,7 +181,7 @@ def truncate(
     if vocab <= CANDIDATES or not logits.is_cpu:  # a GPU sorts every row sooner than it syncs to choose
         return _truncate_sorted(logits, top_k, top_p, min_p)
     k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k])  # [R]
-    p = _top_p_tensor(top_p, logits.dtype)  # [R]
+    p = _top_p_tensor(top_p, logits.dtype, logits.device)  # [R]
     m = torch.tensor(min_p, dtype=logits.dtype)  # [R]
     untouched = (k >= vocab) & (p >= 1.0) & (m <= 0.0)
     if bool(untouched.all()):
@@ -219,11 +219,10 @@ def truncate(
     return out
 
 
-def _top_p_tensor(top_p: list[float], dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
-    """``top_p`` in the logits' dtype, at least its smallest normal number: a tiny top_p (valid:
-    any p > 0) must not round to 0, which would drop even the most likely token."""
-    p = torch.tensor(top_p, dtype=dtype).clamp_(min=torch.finfo(dtype).tiny)
-    return p if device is None else host_to_device(p, device)
+def _top_p_tensor(top_p: list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``top_p`` in the logits' dtype on their device, at least its smallest normal number: a tiny
+    top_p (valid: any p > 0) must not round to 0, which would drop even the most likely token."""
+    return host_to_device(torch.tensor(top_p, dtype=dtype).clamp_(min=torch.finfo(dtype).tiny), device)
 
 
 def _truncate_sorted(logits: torch.Tensor, top_k: list[int], top_p: list[float], min_p: list[float]) -> torch.Tensor:

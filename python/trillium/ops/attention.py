@@ -21,6 +21,7 @@ gather + SDPA version is :mod:`trillium.ops.attention_ref`, the oracle in tests.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -70,23 +71,8 @@ class AttentionMetadata:
         Raises ValueError on inconsistent lengths (a scheduler bug, but cheap to catch here).
         """
         num_requests = len(query_lens)
-        if len(context_lens) != num_requests or len(block_tables) != num_requests:
-            raise ValueError(
-                f"query_lens ({num_requests}), context_lens ({len(context_lens)}) and "
-                f"block_tables ({len(block_tables)}) must have one entry per request"
-            )
-        slots: list[int] = []
-        starts = [0]
-        for query_len, context_len, table in zip(query_lens, context_lens, block_tables):
-            if not 0 < query_len <= context_len:
-                raise ValueError(f"need 0 < query_len <= context_len, got {query_len}, {context_len}")
-            if len(table) * block_size < context_len:
-                raise ValueError(
-                    f"block table of {len(table)} blocks cannot hold {context_len} tokens with block_size {block_size}"
-                )
-            for pos in range(context_len - query_len, context_len):
-                slots.append(table[pos // block_size] * block_size + pos % block_size)
-            starts.append(starts[-1] + query_len)
+        slots = slot_mapping(query_lens, context_lens, block_tables, block_size)
+        starts = list(itertools.accumulate(query_lens, initial=0))
         max_blocks = max((len(t) for t in block_tables), default=0)
         padded = [list(t) + [0] * (max_blocks - len(t)) for t in block_tables]
         return cls(
@@ -100,6 +86,33 @@ class AttentionMetadata:
             query_lens=list(query_lens),
             context_lens_list=list(context_lens),
         )
+
+
+def slot_mapping(
+    query_lens: list[int], context_lens: list[int], block_tables: list[list[int]], block_size: int
+) -> list[int]:
+    """The pool slot (``block_id * block_size + offset``) of every new token of a step, request by
+    request: request r's new tokens sit at positions ``context_lens[r] - query_lens[r] ..
+    context_lens[r] - 1``. ValueError on inconsistent lengths (a scheduler bug, but cheap to
+    catch here): lists of different lengths, ``query_len`` not in 1..context_len, or a block table
+    too short for its context."""
+    num_requests = len(query_lens)
+    if len(context_lens) != num_requests or len(block_tables) != num_requests:
+        raise ValueError(
+            f"query_lens ({num_requests}), context_lens ({len(context_lens)}) and "
+            f"block_tables ({len(block_tables)}) must have one entry per request"
+        )
+    slots: list[int] = []
+    for query_len, context_len, table in zip(query_lens, context_lens, block_tables):
+        if not 0 < query_len <= context_len:
+            raise ValueError(f"need 0 < query_len <= context_len, got {query_len}, {context_len}")
+        if len(table) * block_size < context_len:
+            raise ValueError(
+                f"block table of {len(table)} blocks cannot hold {context_len} tokens with block_size {block_size}"
+            )
+        for pos in range(context_len - query_len, context_len):
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+    return slots
 
 
 def fresh_prefill_attention(
@@ -240,13 +253,10 @@ def paged_attention(
         cuda = _cuda_module()
         plan = _cuda_decode_plan(cuda, meta, query_spec, out_spec, cache, batch, query.device) if decode else None
         if plan is not None:
-            split, splits, workspace_bytes = plan
-            # Scratch for the splits' partial results, from torch's allocator (a captured graph's
-            # pool when capturing): freed when the step's tensors are, after the stream uses it.
-            workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=query.device)
+            split, splits, workspace = plan
             cuda.paged_attention_decode(
                 query_spec, out_spec, cache, batch, float(scale), split, splits, workspace.data_ptr(),
-                workspace_bytes, _cuda_stream(query),
+                workspace.numel(), _cuda_stream(query),
             )  # fmt: skip
         else:
             cuda.paged_attention(
@@ -371,19 +381,24 @@ def _cuda_decode_plan(
     cache: CacheSpec,
     batch: BatchSpec,
     device: torch.device,
-) -> tuple[int, int, int] | None:
-    """(split, splits, workspace bytes) of the split-KV decode kernel for this step, made once per
-    step (every layer has the same sizes), or None where it does not apply (fp32 KV, ...)."""
+) -> tuple[int, int, torch.Tensor] | None:
+    """(split, splits, workspace) of the split-KV decode kernel for this step, or None where it
+    does not apply (fp32 KV, ...). Made once per step: every layer has the same sizes, and runs
+    after the last on the same stream, so they share one workspace (scratch for the splits'
+    partial results from torch's allocator -- a captured graph's pool when capturing)."""
     key = "cuda_decode_plan"
     if key not in meta._plans:
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index not in _NUM_SMS:
             _NUM_SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-        supported, split, splits, workspace = cuda.plan_paged_attention_decode(
+        supported, split, splits, workspace_bytes = cuda.plan_paged_attention_decode(
             query, out, cache, batch, int(meta.max_context_len), _NUM_SMS[index]
         )
-        meta._plans[key] = (split, splits, workspace) if supported and splits > 0 else None
-    plan: tuple[int, int, int] | None = meta._plans[key]
+        meta._plans[key] = None
+        if supported and splits > 0:
+            workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=device)
+            meta._plans[key] = (split, splits, workspace)
+    plan: tuple[int, int, torch.Tensor] | None = meta._plans[key]
     return plan
 
 

@@ -52,13 +52,10 @@ class StepBitmask:
         for index, count in spans:
             first = self.rows[index]
             mask_rows.extend([-1] * count if first < 0 else range(first, first + count))
+        # On a GPU the masks go to the logits asynchronously from a pinned copy (the filler's buffer
+        # is refilled for the next step while the copy may still be queued); on the CPU as they are.
         rows = torch.tensor(mask_rows, dtype=torch.int32)
-        if logits.is_cpu:
-            apply_token_bitmask(logits, self.tensor, rows)
-        else:
-            # The masks go to the logits' GPU asynchronously, from a pinned copy: the filler's
-            # buffer is refilled for the next step while this copy may still be queued.
-            apply_token_bitmask(logits, host_to_device(self.tensor, logits.device), host_to_device(rows, logits.device))
+        apply_token_bitmask(logits, host_to_device(self.tensor, logits.device), host_to_device(rows, logits.device))
 
 
 class BitmaskFiller:
