@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Set up (or refresh) the project's virtual environment in .venv:
 #   scripts/setup.sh          runtime only
-#   scripts/setup.sh test     runtime + test dependencies
+#   scripts/setup.sh test     runtime + test dependencies (and the cluster extra: vllm-router)
 # Safe to run again: pip skips what is installed and the C++ core rebuilds incrementally.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
-[ "${1:-}" = "test" ] && extras="[test]"
+[ "${1:-}" = "test" ] && extras="[test,cluster]"  # the cluster tests run vllm-router
 
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv

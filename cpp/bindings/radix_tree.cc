@@ -112,6 +112,14 @@ class PyRadixTree {
     raise_if_error(tree_->clear(&dropped));
     return dropped;
   }
+  std::vector<CacheEvent> take_events() {
+    std::lock_guard<std::mutex> guard(owner_->mutex());
+    return tree_->take_events();
+  }
+  void set_record_events(bool on) {
+    std::lock_guard<std::mutex> guard(owner_->mutex());
+    tree_->set_record_events(on);
+  }
   void check_invariants() {
     std::lock_guard<std::mutex> guard(owner_->mutex());
     raise_if_error(tree_->check_invariants());
@@ -155,6 +163,20 @@ void bind_radix_tree(py::module_& m) {
                ", num_duplicates=" + std::to_string(r.duplicate_block_ids.size()) + ")";
       });
 
+  py::class_<CacheEvent>(m, "CacheEvent", "One journalled prefix-cache change (RadixTree.take_events()).")
+      .def_property_readonly(
+          "kind", [](const CacheEvent& e) { return e.kind == CacheEvent::Kind::kStored ? "stored" : "removed"; },
+          "'stored' (insert adopted these blocks) or 'removed' (evict/clear dropped them).")
+      .def_property_readonly("namespace", [](const CacheEvent& e) { return e.ns; })
+      .def_readonly("block_ids", &CacheEvent::block_ids, "The blocks, in sequence order.")
+      .def_readonly("parent_block_id", &CacheEvent::parent_block_id,
+                    "stored: the cached block just before block_ids[0] in its sequence; -1 at the start.")
+      .def_readonly("tokens", &CacheEvent::tokens, "stored: the blocks' tokens (len(block_ids) * block_size).")
+      .def("__repr__", [](const CacheEvent& e) {
+        return std::string("CacheEvent(") + (e.kind == CacheEvent::Kind::kStored ? "stored" : "removed") +
+               ", blocks=" + std::to_string(e.block_ids.size()) + ", parent=" + std::to_string(e.parent_block_id) + ")";
+      });
+
   using Self = PyRadixTree;
   auto get = [](auto read_tree) { return [read_tree](Self& self) { return self.read(read_tree); }; };
   auto stat = [get](uint64_t RadixTreeStats::*field) {
@@ -183,6 +205,12 @@ void bind_radix_tree(py::module_& m) {
            "skipping blocks referenced elsewhere. Returns how many were freed.")
       .def("clear", &Self::clear, release(),
            "Drop every unlocked node; returns the number of blocks the tree released.")
+      .def("take_events", &Self::take_events,
+           "The journal of stored/removed blocks since the last call, oldest first (empty unless "
+           "record_events is on).")
+      .def_property(
+          "record_events", get([](const RadixTree& t) { return t.record_events(); }), &Self::set_record_events,
+          "Journal every stored/removed block for take_events() (off by default; off drops the journal).")
       .def("check_invariants", &Self::check_invariants, release(),
            "Tree and allocator self-check; raises InvariantError naming the first violation.")
       .def_property_readonly("block_size", get([](const RadixTree& t) { return t.block_size(); }))

@@ -228,6 +228,13 @@ void RadixTree::drop_tail(NodeIndex n, int32_t count, std::vector<BlockId>* out)
     out->push_back(node.blocks[i]);
     block_owner_[node.blocks[i]] = kNone;
   }
+  if (record_events_ && count > 0) {
+    CacheEvent ev;
+    ev.kind = CacheEvent::Kind::kRemoved;
+    ev.ns = node.ns;
+    ev.block_ids.assign(node.blocks.begin() + static_cast<std::ptrdiff_t>(keep), node.blocks.end());
+    events_.push_back(std::move(ev));
+  }
   node.blocks.resize(keep);
   node.tokens.resize(keep * block_size_);
   num_cached_blocks_ -= count;
@@ -377,12 +384,33 @@ Status RadixTree::insert(NamespaceId ns, const TokenId* tokens, size_t num_token
     l.last_access = tick;
     link_child(deepest, leaf);
     for (BlockId b : nodes_[leaf].blocks) block_owner_[b] = leaf;
+    if (record_events_) {
+      const Node& up = nodes_[deepest];
+      CacheEvent ev;
+      ev.kind = CacheEvent::Kind::kStored;
+      ev.ns = ns;
+      ev.block_ids = nodes_[leaf].blocks;
+      ev.parent_block_id = up.is_root ? BlockId{-1} : up.blocks.back();
+      ev.tokens = nodes_[leaf].tokens;
+      events_.push_back(std::move(ev));
+    }
     num_cached_blocks_ += n_full - matched;
     stats_.num_inserted_blocks += static_cast<uint64_t>(n_full - matched);
   }
   result.num_new_blocks = n_full - matched;
   *out = std::move(result);
   return Status::Ok();
+}
+
+void RadixTree::set_record_events(bool on) {
+  record_events_ = on;
+  if (!on) events_.clear();
+}
+
+std::vector<CacheEvent> RadixTree::take_events() {
+  std::vector<CacheEvent> out;
+  out.swap(events_);
+  return out;
 }
 
 Status RadixTree::evict(int32_t num_blocks, int32_t* num_freed) {

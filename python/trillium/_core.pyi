@@ -1,6 +1,7 @@
 """Type stub for the compiled core (cpp/bindings/)."""
 
 from collections.abc import Sequence
+from typing import Literal
 
 from trillium.ops.kernel_specs import BatchSpec, BitmaskSpec, CacheSpec, LogitsSpec, RowsSpec, VerifySpec
 
@@ -62,6 +63,23 @@ class InsertResult:
         A position whose caller block is the tree's own block (reused after a match) is not listed.
         """
 
+class CacheEvent:
+    """One journalled prefix-cache change (``RadixTree.take_events()``)."""
+
+    @property
+    def kind(self) -> Literal["stored", "removed"]: ...
+    @property
+    def namespace(self) -> int: ...
+    @property
+    def block_ids(self) -> list[int]:
+        """The blocks, in sequence order."""
+    @property
+    def parent_block_id(self) -> int:
+        """stored: the cached block just before ``block_ids[0]``; -1 at the start of a sequence."""
+    @property
+    def tokens(self) -> list[int]:
+        """stored: the blocks' tokens (``len(block_ids) * block_size``); removed: empty."""
+
 class RadixTree:
     """Prefix cache: a block-aligned radix tree over token ids, one root per namespace.
 
@@ -93,6 +111,15 @@ class RadixTree:
         someone else still references are skipped. Returns how many went to the free list."""
     def clear(self) -> int:
         """Drop every unlocked node; returns the number of blocks the tree released."""
+    def take_events(self) -> list[CacheEvent]:
+        """The journal since the last call, oldest first: insert() adopting a suffix is one
+        'stored' event (with the cached block before it, to chain sequences), each tail evict()
+        or clear() drops is one 'removed' event. Empty unless ``record_events`` is on."""
+    @property
+    def record_events(self) -> bool:
+        """Journal stored/removed blocks for take_events() (off by default; off drops the journal)."""
+    @record_events.setter
+    def record_events(self, on: bool) -> None: ...
     def check_invariants(self) -> None:
         """Tree, then allocator self-check; raises InvariantError naming the first violation."""
     @property

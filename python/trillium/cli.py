@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from trillium.cluster.plan import POLICIES
 from trillium.config import WEIGHT_FORMATS, EngineConfig
 
 
@@ -109,6 +110,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         num_threads=args.num_threads,
         served_model_name=getattr(args, "served_model_name", None),
         enable_prefix_cache=args.enable_prefix_cache,
+        kv_events_endpoint=getattr(args, "kv_events_endpoint", None),
         weights=args.weights,
         step_timeout_s=getattr(args, "step_timeout", 30.0),
         **_speculation(getattr(args, "speculative_config", None)),
@@ -136,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="TOML file with tenants, API key hashes, limits and the usage ledger "
         "(default: no keys, no limits, no ledger)",
+    )
+    serve.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="publish prefix-cache events (vLLM's KV-event format) on a ZMQ PUB socket bound here, for "
+        "vllm-router's kv_aware policy (needs trillium[cluster])",
     )
     serve.add_argument("--log-requests", action="store_true", help="print one JSON line per finished request (stderr)")
     serve.add_argument(
@@ -170,7 +179,54 @@ def main(argv: list[str] | None = None) -> int:
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--temperature", type=float, default=0.7)
 
-    args = parser.parse_args(argv)
+    cluster = sub.add_parser(
+        "cluster",
+        help="N replicas of `trillium serve` behind vllm-router, as one service (needs trillium[cluster])",
+        description="Starts --replicas `trillium serve` processes (the cores split between them) and vllm-router "
+        "in front; restarts a replica that dies and puts it back in the router; SIGINT/SIGTERM drains and "
+        "stops everything. Every other flag is passed to each `trillium serve` as given (e.g. --kv-cache-gib).",
+    )
+    cluster.add_argument("--replicas", type=int, default=2)
+    cluster.add_argument(
+        "--policy",
+        default="cache_aware",
+        choices=POLICIES,
+        help="the router's policy; kv_aware routes on the replicas' published prefix-cache contents",
+    )
+    cluster.add_argument("--host", default="127.0.0.1", help="where the router and the replicas listen")
+    cluster.add_argument("--router-port", type=int, default=8000, help="the one URL clients use")
+    cluster.add_argument("--replica-port", type=int, default=8001, help="replica i listens on this + i")
+    cluster.add_argument("--kv-events-port", type=int, default=5557, help="kv_aware: replica i publishes on this + i")
+    cluster.add_argument("--router-metrics-port", type=int, default=29000, help="the router's Prometheus exporter")
+    cluster.add_argument(
+        "--num-threads", type=int, default=None, help="compute threads across all replicas (default: all cores)"
+    )
+    cluster.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS")
+
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "cluster":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "cluster":
+        logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # its probes, every second
+        from trillium.cluster.plan import ClusterConfig
+        from trillium.cluster.supervise import run_cluster
+
+        try:
+            cluster_config = ClusterConfig(
+                replicas=args.replicas,
+                policy=args.policy,
+                host=args.host,
+                router_port=args.router_port,
+                replica_port=args.replica_port,
+                kv_events_port=args.kv_events_port,
+                router_metrics_port=args.router_metrics_port,
+                num_threads=args.num_threads,
+                engine_args=tuple(rest),
+            )
+        except ValueError as exc:
+            parser.error(str(exc))
+        return run_cluster(cluster_config, drain_timeout_s=args.drain_timeout)
     if args.command == "serve":
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from trillium.metering.tenants import load_access_config

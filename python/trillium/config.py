@@ -145,6 +145,9 @@ class EngineConfig:
     served_model_name: str | None = None
     step_timeout_s: float = 30.0  # watchdog: a step longer than max(this, 10x recent p99) -> /health 503
     enable_prefix_cache: bool = True  # reuse cached KV of shared prompt prefixes
+    # Publish prefix-cache events (vLLM's KV-event wire format) on a ZMQ PUB socket bound here,
+    # e.g. tcp://*:5557, for vllm-router's kv_aware policy (cluster/kv_events.py). None: off.
+    kv_events_endpoint: str | None = None
     # auto: keep a GGUF file's Q4_0/Q4_1/Q8_0 projections quantized where the C++ kernel runs them
     # (fp32 activations, AVX2 CPU), else dense; quantized: require that; quantized-int8: also round
     # activations to int8 (llama.cpp's way: faster, approximate); dense: always dequantize.
@@ -177,6 +180,13 @@ class EngineConfig:
             raise ValueError(f"step_timeout_s must be positive, got {self.step_timeout_s}")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be positive, got {self.kv_cache_gib}")
+        if self.kv_events_endpoint is not None:
+            if not self.kv_events_endpoint.startswith(("tcp://", "ipc://")):
+                raise ValueError(
+                    f"kv_events_endpoint must be tcp://HOST:PORT or ipc://PATH, got {self.kv_events_endpoint!r}"
+                )
+            if not self.enable_prefix_cache:
+                raise ValueError("kv_events_endpoint publishes the prefix cache's events: it needs the prefix cache on")
         spec = self.speculative_config
         if isinstance(spec, str) and spec.strip().lower() in SPECULATION_OFF:
             self.speculative_config = None

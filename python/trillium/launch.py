@@ -14,6 +14,7 @@ import weakref
 import torch
 
 from trillium import _core
+from trillium.cluster.kv_events import KVEventPublisher
 from trillium.config import EngineConfig, SpeculativeConfig
 from trillium.engine.cuda_graphs import CudaGraphSteps
 from trillium.engine.runner import ModelRunner, kv_bytes_per_block
@@ -33,7 +34,7 @@ from trillium.runtime import (
 )
 from trillium.scheduler import SchedulerConfig
 from trillium.scheduler.actor import SchedulerActor
-from trillium.scheduler.kv_manager import KVBlockManager
+from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace
 from trillium.speculative.draft import check_same_tokenizer, load_draft
 from trillium.structured import BitmaskFiller, GrammarCompiler, build_ll_tokenizer
 from trillium.structured.actor import GrammarActor
@@ -97,6 +98,7 @@ class Engine:
     def __init__(self, config: EngineConfig, *, progress: bool = True) -> None:
         self.step_thread = StepThread()
         weakref.finalize(self, self.step_thread.close)  # an LLM dropped without close() ends it too
+        self.kv_events: KVEventPublisher | None = None  # --kv-events-endpoint's publisher
         spec = config.speculative_config
         if isinstance(spec, SpeculativeConfig) and spec.model is not None:
             # Fail fast: a draft model of another tokenizer stops start-up before any model loads.
@@ -111,8 +113,10 @@ class Engine:
         _core.release_openmp_threads()
 
     def close(self) -> None:
-        """End the step thread (the actors must have stopped)."""
+        """End the step thread and the KV-event publisher (the actors must have stopped)."""
         self.step_thread.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def _load(self, config: EngineConfig, progress: bool) -> None:
         """On the step thread: the model, its config and the runner with its KV pool."""
@@ -214,6 +218,13 @@ class Engine:
         )
         allocator = _core.BlockAllocator(num_blocks)
         tree = _core.RadixTree(allocator, config.block_size) if config.enable_prefix_cache else None
+        if tree is not None and config.kv_events_endpoint is not None:
+            tree.record_events = True
+            self.kv_events = KVEventPublisher(
+                config.kv_events_endpoint,
+                namespace=cache_namespace(scheduler_config.model_key, None),
+                block_size=config.block_size,
+            )
         scheduler_send, scheduler_recv = open_inbox(INBOX_BOUND)
         tokenizer_send, tokenizer_recv = open_inbox(TOKENIZER_INBOX_BOUND)
         grammar_send, grammar_recv = open_inbox(GRAMMAR_INBOX_BOUND)
@@ -231,6 +242,7 @@ class Engine:
             bitmask_filler,
             step_timeout_s=config.step_timeout_s,
             step_thread=self.step_thread,
+            cache_events=self.kv_events,
         )
         self.tokenizer_actor = TokenizerActor(self.tokenizer, tokenizer_recv)
         self.client = EngineClient(

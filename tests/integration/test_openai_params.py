@@ -272,6 +272,25 @@ def test_tokenize_honours_add_generation_prompt(http):
     assert len(without) < len(with_header) and with_header[: len(without)] == without
 
 
+def test_render_gives_the_token_ids_a_request_runs(http, openai_client):
+    """vLLM's render endpoints (vllm-router's kv_aware policy asks them to score replicas): the
+    prompt ids a chat completion runs -- the template, and the tools it lists -- without running it."""
+    rendered = http.post("/v1/chat/completions/render", json={"model": MODEL, "messages": CHAT}).json()
+    assert rendered["token_ids"] == http.post("/tokenize", json={"messages": CHAT}).json()["tokens"]
+    assert rendered["count"] == len(rendered["token_ids"]) == chat(openai_client, max_tokens=1).usage.prompt_tokens
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    with_tools = http.post("/v1/chat/completions/render", json={"messages": CHAT, "tools": [tool]}).json()
+    assert len(with_tools["token_ids"]) > rendered["count"]  # the template lists the tool
+    assert with_tools["count"] == chat(openai_client, max_tokens=1, tools=[tool]).usage.prompt_tokens
+    text = http.post("/v1/completions/render", json={"model": MODEL, "prompt": "The sea is"}).json()
+    assert text["token_ids"] == http.post("/tokenize", json={"prompt": "The sea is"}).json()["tokens"]
+    ids = http.post("/v1/completions/render", json={"prompt": [[5, 6, 7], [8]]}).json()
+    assert ids["token_ids"] == [5, 6, 7]  # the first prompt: a request goes to one replica
+    missing = http.post("/v1/chat/completions/render", json={"model": "nope", "messages": CHAT})
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+    assert http.post("/v1/chat/completions/render", json={"messages": []}).status_code == 400
+
+
 # ---- validation -------------------------------------------------------------------------------
 
 BAD = [

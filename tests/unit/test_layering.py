@@ -18,12 +18,13 @@ LAYERS: list[set[str]] = [
     {"models"},
     {"tokenizer", "structured", "engine", "tools"},
     {"speculative"},  # the draft-model proposer runs a model through the engine's sampler
-    {"scheduler", "metering"},
+    {"scheduler", "metering", "cluster"},
     {"engine_client"},
     {"launch"},
     {"server"},
     {"serve", "llm", "chat", "model_info"},
-    {"cli", "__init__", "__main__"},
+    {"cli", "__init__"},
+    {"__main__"},  # python -m trillium: the cli
 ]
 LAYER_OF = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 ROOT = pathlib.Path(trillium.__file__).parent

@@ -227,6 +227,8 @@ class RadixTreeMachine(RuleBasedStateMachine):
         self.bs = block_size
         self.alloc = BlockAllocator(NUM_BLOCKS)
         self.tree = RadixTree(self.alloc, block_size)
+        self.tree.record_events = True
+        self.seen: dict[int, tuple[int, tuple[int, ...]]] = {}  # a subscriber's view: block -> (ns, prefix)
         self.cache: dict[tuple[int, tuple[int, ...]], int] = {}
         self.stamp: dict[tuple[int, tuple[int, ...]], int] = {}
         self.tick = 0
@@ -377,6 +379,27 @@ class RadixTreeMachine(RuleBasedStateMachine):
             for b in blocks:
                 refs[b] += 1
         assert [self.alloc.ref_count(b) for b in range(NUM_BLOCKS)] == refs
+        self._replay_events()
+
+    def _replay_events(self) -> None:
+        """What a subscriber rebuilds from the event journal alone (as a cache-aware router does
+        from the published KV events) is exactly the cache: every block with its full prefix."""
+        for event in self.tree.take_events():
+            if event.kind == "stored":
+                assert len(event.tokens) == len(event.block_ids) * self.bs
+                prefix: tuple[int, ...] = ()
+                if event.parent_block_id != -1:
+                    parent_ns, prefix = self.seen[event.parent_block_id]
+                    assert parent_ns == event.namespace
+                for i, block in enumerate(event.block_ids):
+                    assert block not in self.seen
+                    prefix += tuple(event.tokens[i * self.bs : (i + 1) * self.bs])
+                    self.seen[block] = (event.namespace, prefix)
+            else:
+                assert event.kind == "removed" and not event.tokens
+                for block in event.block_ids:
+                    del self.seen[block]
+        assert {key: block for block, key in self.seen.items()} == self.cache
 
 
 TestRadixTreeMachine = RadixTreeMachine.TestCase

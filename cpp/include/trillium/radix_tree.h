@@ -32,6 +32,13 @@
 // unlocked leaves first, tail blocks first, and skips blocks that someone else still references
 // (allocator ref count > 1): dropping those would free nothing and lose a prefix in active use.
 //
+// Events. With set_record_events(true) the tree journals every change to what it caches, in order:
+// kStored when insert() adopts a suffix (its blocks, their tokens, and the cached block just before
+// it, so a subscriber can chain the sequence), kRemoved when evict()/clear() drops blocks (a tail
+// of one edge per event). take_events() hands the journal over and empties it. A host publishes
+// these (e.g. vLLM's KV-event wire format for a cache-aware router); splits change no block and
+// journal nothing. Off by default: a tree nobody watches pays nothing.
+//
 // Not thread-safe: one owner at a time; the Python binding serializes every call on the
 // allocator's mutex (the tree mutates the allocator). The allocator must outlive the tree; the
 // destructor drops the tree's references.
@@ -77,6 +84,16 @@ struct InsertResult {
   // Caller blocks for positions the tree had already cached under a DIFFERENT block id; the tree
   // keeps its own block there. A position whose caller block IS the tree's block is not listed.
   std::vector<BlockId> duplicate_block_ids;
+};
+
+// One journalled change (see "Events" above).
+struct CacheEvent {
+  enum class Kind : uint8_t { kStored = 0, kRemoved = 1 };
+  Kind kind = Kind::kStored;
+  NamespaceId ns = 0;
+  std::vector<BlockId> block_ids;  // in sequence order
+  BlockId parent_block_id = -1;    // kStored: the cached block before block_ids[0]; -1 at the start
+  std::vector<TokenId> tokens;     // kStored: block_ids.size() * block_size tokens; empty for kRemoved
 };
 
 // Cumulative counters; never reset (clear() keeps them).
@@ -143,6 +160,12 @@ class RadixTree {
   int32_t num_evictable_blocks() const;
   const RadixTreeStats& stats() const { return stats_; }
 
+  // Journal changes from now on (true) or stop and drop the journal (false).
+  void set_record_events(bool on);
+  bool record_events() const { return record_events_; }
+  // The journal since the last call, oldest first; leaves it empty.
+  std::vector<CacheEvent> take_events();
+
   // O(nodes + blocks) self-check, then the allocator's own check; kInternal naming the first
   // violation: tree shape and child keys, edge lengths, lock counts (parent >= sum of children),
   // timestamps (parent >= child), no block cached twice, every cached block referenced, counters.
@@ -208,6 +231,8 @@ class RadixTree {
   int32_t num_cached_blocks_ = 0;
   int32_t num_live_nodes_ = 0;
   uint64_t clock_ = 0;
+  bool record_events_ = false;
+  std::vector<CacheEvent> events_;
   RadixTreeStats stats_;
 };
 

@@ -43,6 +43,7 @@ from trillium.scheduler.policy import RequestUpdate, SchedulerConfig, SchedulerP
 from trillium.scheduler.request import Request
 
 if TYPE_CHECKING:
+    from trillium._core import CacheEvent
     from trillium.structured.bitmask import BitmaskFiller, StepBitmask
 
 log = logging.getLogger("trillium.scheduler")
@@ -55,6 +56,16 @@ class Executor(Protocol):
 
     def reset(self) -> None:
         """Forget every request (after a failure; the KV pool is rebuilt empty)."""
+
+
+class CacheEventSink(Protocol):
+    """Where the prefix cache's journal goes between steps (cluster.kv_events publishes it for a
+    KV-aware router). Called on the event loop; must not block."""
+
+    def publish(self, events: list[CacheEvent]) -> None: ...
+
+    def cleared(self) -> None:
+        """The prefix cache was dropped whole (the KV pool was rebuilt after a failure)."""
 
 
 def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
@@ -96,10 +107,13 @@ class SchedulerActor(Actor):
         step_timeout_s: float = STEP_TIMEOUT_S,
         step_timeout_factor: float = STEP_TIMEOUT_FACTOR,
         step_thread: StepThread | None = None,
+        cache_events: CacheEventSink | None = None,
     ) -> None:
         """``step_thread``: where steps run -- the thread that loaded the model (see
-        :mod:`trillium.engine.step_thread`); a private one when None."""
+        :mod:`trillium.engine.step_thread`); a private one when None. ``cache_events``: gets the
+        prefix cache's journal after every change (its tree must record events)."""
         super().__init__(inbox)
+        self.cache_events = cache_events
         self.policy = SchedulerPolicy(config, kv)
         self.executor = executor
         self._inbox = inbox
@@ -174,6 +188,8 @@ class SchedulerActor(Actor):
         for request in requests:
             self._deliver_error(request, message)
         self.policy = SchedulerPolicy(self.policy.config, self.policy.kv.rebuilt())
+        if self.cache_events is not None:
+            self.cache_events.cleared()
         self.executor.reset()
         self._step_started = None
         self._publish_stats()
@@ -345,8 +361,13 @@ class SchedulerActor(Actor):
     # ---- introspection (for /stats, /metrics, tests and benchmarks) ----------------------------
 
     def _publish_stats(self) -> None:
-        """Publish the counters as a new immutable snapshot (a few microseconds)."""
+        """Publish the counters as a new immutable snapshot (a few microseconds), and the prefix
+        cache's changes since the last call to ``cache_events``."""
         kv = self.policy.kv
+        if self.cache_events is not None and kv.tree is not None:
+            events = kv.tree.take_events()
+            if events:
+                self.cache_events.publish(events)
         filler = self.bitmask_filler
         spec = self.policy.spec_stats
         # A draft model's pool (speculative.draft), read between steps: a count, not a structure.

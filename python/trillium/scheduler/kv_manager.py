@@ -159,7 +159,10 @@ class KVBlockManager:
         size: every reference and cached prefix dropped. For recovery after a failed step; the
         old allocator and tree are left to the requests' bookkeeping that still points at them."""
         allocator = _core.BlockAllocator(self.num_total_blocks)
-        tree = _core.RadixTree(allocator, self.block_size) if self.tree is not None else None
+        tree = None
+        if self.tree is not None:
+            tree = _core.RadixTree(allocator, self.block_size)
+            tree.record_events = self.tree.record_events
         return KVBlockManager(allocator, self.block_size, tree)
 
     def check_invariants(self) -> None:

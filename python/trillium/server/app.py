@@ -108,6 +108,8 @@ def build_app(
         Route("/v1/models", routes.models, methods=["GET"]),
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
         Route("/v1/completions", routes.completions, methods=["POST"]),
+        Route("/v1/chat/completions/render", routes.render_chat, methods=["POST"]),
+        Route("/v1/completions/render", routes.render_completion, methods=["POST"]),
         Route("/v1/responses", responses.create, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses.stored, methods=["GET", "DELETE"]),
         Route("/tokenize", routes.tokenize, methods=["POST"]),

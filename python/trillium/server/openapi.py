@@ -162,6 +162,23 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=_TOKENIZE_ERRORS,
         auth=True,
     ),
+    ("POST", "/v1/chat/completions/render"): Operation(
+        "renderChatCompletion",
+        "vLLM's render: a chat request's prompt token ids (template and tools applied), not run. "
+        "vllm-router's kv_aware policy scores replicas by them.",
+        ok=(out.RenderedPrompt,),
+        body=ChatCompletionRequest,
+        errors=_TOKENIZE_ERRORS,
+        auth=True,
+    ),
+    ("POST", "/v1/completions/render"): Operation(
+        "renderCompletion",
+        "vLLM's render: a completion request's (first) prompt token ids, not run.",
+        ok=(out.RenderedPrompt,),
+        body=CompletionRequest,
+        errors=_TOKENIZE_ERRORS,
+        auth=True,
+    ),
     ("POST", "/detokenize"): Operation(
         "detokenize",
         "vLLM's detokenize: token ids to text.",

@@ -190,6 +190,14 @@ class TokenizeResponse(msgspec.Struct, kw_only=True):
     tokens: list[int]
 
 
+class RenderedPrompt(msgspec.Struct, kw_only=True):
+    """vLLM's render endpoints: the prompt's token ids as the request would run them."""
+
+    model: str
+    token_ids: list[int]
+    count: int
+
+
 class DetokenizeResponse(msgspec.Struct, kw_only=True):
     prompt: str
 

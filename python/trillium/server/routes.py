@@ -186,16 +186,7 @@ class Routes:
         Raises APIError naming the field at fault. (The Responses API shares it: server/responses.py.)"""
         self._check_model(body.model)
         self._check_admission(account, body)
-        self.limits.check_body(messages=body.messages, logit_bias=body.logit_bias, stop=body.stop)
-        messages = chat_messages(body)
-        tools, choice = chat_tools(body)
-        calling = ToolCalling(tools, choice, body.parallel_tool_calls, *self._tool_format)
-        for i, tool in enumerate(tools):
-            self.limits.check_structured(StructuredOutputs(json=tool.parameters), f"tools[{i}].function.parameters")
-        try:
-            messages, template_tools = calling.conversation(messages)
-        except ToolSpecError as exc:
-            raise APIError(str(exc), param=exc.param) from None
+        messages, template_tools, calling = self._chat_conversation(body)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         sampling = sampling_params(
             body,
@@ -208,8 +199,7 @@ class Routes:
         self._check_structured(body, sampling)
         if calling.active:
             sampling = self._tool_sampling(calling, sampling)
-        self.limits.check_prompt_chars(_with_tool_text(messages, template_tools), "messages")
-        prompt_ids = await self._tokenize(messages=messages, tools=template_tools)
+        prompt_ids = await self._chat_prompt_ids(messages, template_tools)
         self._check_length(len(prompt_ids), sampling.max_tokens, "messages")
         self._check_tokens(len(prompt_ids), sampling.max_tokens, body.n)
         self.limits.check_prompt_logprobs(len(prompt_ids), sampling.prompt_logprobs, 1)  # chat: once, at the top
@@ -231,6 +221,53 @@ class Routes:
             structured=constraint,
             skip_special_tokens=sampling.skip_special_tokens and not calling.special_tags,
         )
+
+    def _chat_conversation(self, body: ChatCompletionRequest) -> tuple[list[Any], list[Any] | None, ToolCalling]:
+        """The messages the chat template renders (tool calls folded in as the model's format
+        wants), the tools it lists, and the request's tool calling. APIError names the field."""
+        self.limits.check_body(messages=body.messages, logit_bias=body.logit_bias, stop=body.stop)
+        messages = chat_messages(body)
+        tools, choice = chat_tools(body)
+        calling = ToolCalling(tools, choice, body.parallel_tool_calls, *self._tool_format)
+        for i, tool in enumerate(tools):
+            self.limits.check_structured(StructuredOutputs(json=tool.parameters), f"tools[{i}].function.parameters")
+        try:
+            messages, template_tools = calling.conversation(messages)
+        except ToolSpecError as exc:
+            raise APIError(str(exc), param=exc.param) from None
+        return messages, template_tools, calling
+
+    async def _chat_prompt_ids(self, messages: list[Any], template_tools: list[Any] | None) -> list[int]:
+        self.limits.check_prompt_chars(_with_tool_text(messages, template_tools), "messages")
+        return await self._tokenize(messages=messages, tools=template_tools)
+
+    async def render_chat(self, request: Request) -> Response:
+        """vLLM's ``POST /v1/chat/completions/render``: a chat request's prompt token ids, exactly
+        as a chat completion would run it (template, tools), without running it. vllm-router's
+        kv_aware policy asks for them to score replicas by their cached prefix blocks."""
+        self.accounting.auth.tenant(request)
+        body = decode_body(await request.body(), ChatCompletionRequest)
+        self._check_model(body.model)
+        messages, template_tools, _ = self._chat_conversation(body)
+        return self._rendered(await self._chat_prompt_ids(messages, template_tools))
+
+    async def render_completion(self, request: Request) -> Response:
+        """vLLM's ``POST /v1/completions/render``: the (first) prompt's token ids, as a completion
+        would run it."""
+        self.accounting.auth.tenant(request)
+        body = decode_body(await request.body(), CompletionRequest)
+        self._check_model(body.model)
+        items = _prompt_items(body.prompt)
+        self.limits.check_body(prompts=items)
+        item = items[0]
+        if isinstance(item, list):
+            self.limits.check_token_ids(item, "prompt")
+            return self._rendered(item)
+        self.limits.check_prompt_chars(item + (body.suffix or ""), "prompt")
+        return self._rendered(await self._tokenize(prompt=item, suffix=body.suffix or None))
+
+    def _rendered(self, token_ids: list[int]) -> Response:
+        return json_response({"model": self.client.model_name, "token_ids": token_ids, "count": len(token_ids)})
 
     async def _completions(self, request: Request, account: RequestAccount) -> Response:
         body = decode_body(await request.body(), CompletionRequest)

@@ -1,0 +1,112 @@
+"""The prefix cache's events on vLLM's KV-event wire (cluster/kv_events.py), received by a ZMQ
+subscriber as vllm-router's kv_aware policy receives them."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from trillium._core import BlockAllocator, RadixTree
+from trillium.cluster.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventPublisher,
+    decode_batch,
+)
+
+zmq = pytest.importorskip("zmq")
+
+BS = 4
+NS = 7
+
+
+def _subscriber(endpoint: str):
+    context = zmq.Context.instance()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 5000)
+    sub.connect(endpoint)
+    return sub
+
+
+def _join(sub, publisher: KVEventPublisher) -> int:
+    """Send until the subscriber has joined (PUB drops what it sends before then), then drain what
+    is left in flight; returns the last sequence number seen."""
+    poller = zmq.Poller()
+    poller.register(sub, zmq.POLLIN)
+    seq = None
+    for _ in range(50):
+        publisher.cleared()
+        while poller.poll(300):
+            seq = int.from_bytes(sub.recv_multipart()[1], "big")
+        if seq is not None:
+            return seq
+    raise AssertionError("the subscriber never joined")
+
+
+def _next(sub) -> tuple[int, list]:
+    topic, seq, payload = sub.recv_multipart()
+    assert topic == b""
+    return int.from_bytes(seq, "big"), decode_batch(payload).events
+
+
+def test_a_subscriber_sees_stored_and_removed_blocks_chained_by_parent(tmp_path) -> None:
+    endpoint = f"ipc://{tmp_path}/kv.sock"
+    alloc = BlockAllocator(16)
+    tree = RadixTree(alloc, BS)
+    tree.record_events = True
+    publisher = KVEventPublisher(endpoint, namespace=NS, block_size=BS)
+    sub = _subscriber(endpoint)
+    try:
+        last = _join(sub, publisher)
+        blocks = alloc.allocate(3)
+        tree.insert(NS, list(range(12)), blocks)
+        tree.insert(NS + 1, list(range(8)), alloc.allocate(2))  # another namespace: not published
+        publisher.publish(tree.take_events())
+        assert _next(sub) == (last + 1, [BlockStored(blocks, None, list(range(12)), BS)])
+        more = alloc.allocate(1)
+        tree.insert(NS, [*range(8), 50, 51, 52, 53], blocks[:2] + more)  # branches after 2 blocks
+        alloc.free(blocks + more)
+        tree.evict(1)  # the least recently used tail: blocks[2]
+        publisher.publish(tree.take_events())
+        assert _next(sub) == (
+            last + 2,
+            [BlockStored([more[0]], blocks[1], [50, 51, 52, 53], BS), BlockRemoved([blocks[2]])],
+        )
+        publisher.publish(tree.take_events())  # nothing changed: nothing sent
+        publisher.cleared()
+        assert _next(sub) == (last + 3, [AllBlocksCleared()])
+    finally:
+        sub.close()
+        publisher.close()
+
+
+def test_the_wire_is_vllms_layout() -> None:
+    """Events are maps tagged ``type`` with vLLM's field names (the router refuses arrays and
+    missing fields); a batch is the array [ts, events, data_parallel_rank]."""
+    from trillium.cluster.kv_events import EventBatch
+
+    raw = msgspec.msgpack.encode(EventBatch(1.5, [BlockStored([3], None, [1, 2], 2), BlockRemoved([3])]))
+    assert msgspec.msgpack.decode(raw) == [
+        1.5,
+        [
+            {
+                "type": "BlockStored",
+                "block_hashes": [3],
+                "parent_block_hash": None,
+                "token_ids": [1, 2],
+                "block_size": 2,
+                "lora_id": None,
+                "medium": "GPU",
+                "lora_name": None,
+            },
+            {"type": "BlockRemoved", "block_hashes": [3], "medium": "GPU"},
+        ],
+        None,
+    ]
+
+
+def test_a_bad_endpoint_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="kv-events-endpoint"):
+        KVEventPublisher("tcp://256.0.0.1:1", namespace=0, block_size=16)
