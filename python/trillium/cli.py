@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 
 from trillium.cluster.plan import POLICIES
@@ -202,6 +203,15 @@ def main(argv: list[str] | None = None) -> int:
         "--num-threads", type=int, default=None, help="compute threads across all replicas (default: all cores)"
     )
     cluster.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS")
+    cluster.add_argument(
+        "--router-args",
+        default="",
+        metavar="'FLAGS'",
+        help="more vllm-router flags, quoted as one argument (e.g. '--router-temperature 0.1')",
+    )
+    cluster.add_argument(
+        "--router-log-level", default="warning", choices=["debug", "info", "warning", "error"], help="vllm-router's"
+    )
 
     args, rest = parser.parse_known_args(argv)
     if rest and args.command != "cluster":
@@ -223,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                 router_metrics_port=args.router_metrics_port,
                 num_threads=args.num_threads,
                 engine_args=tuple(rest),
+                router_log_level=args.router_log_level,
+                router_args=tuple(shlex.split(args.router_args)),
             )
         except ValueError as exc:
             parser.error(str(exc))

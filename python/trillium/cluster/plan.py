@@ -14,6 +14,7 @@ import dataclasses
 import os
 import sys
 
+KV_AWARE_TEMPERATURE = 0.01  # see router_argv
 POLICIES = ("cache_aware", "kv_aware", "round_robin", "power_of_two", "consistent_hash", "random")
 # Flags `trillium cluster` sets on every replica itself: passing them through would clash.
 OWNED_ENGINE_FLAGS = ("--host", "--port", "--num-threads", "--kv-events-endpoint")
@@ -31,6 +32,7 @@ class ClusterConfig:
     num_threads: int | None = None  # across all replicas; None = the cores this process may use
     engine_args: tuple[str, ...] = ()  # passed to every `trillium serve` as given
     router_log_level: str = "warning"
+    router_args: tuple[str, ...] = ()  # more vllm-router flags, after trillium cluster's own
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -121,4 +123,10 @@ def router_argv(config: ClusterConfig, replicas: list[ReplicaSpec], *, model: st
         for r in replicas:
             argv += ["--kv-event-source", f"{r.url}={r.kv_events}"]
         argv += ["--kv-event-block-size", str(block_size), "--kv-event-model", model]
-    return argv
+        # At temperature 0 the router breaks ties (every replica idle, no replica caching the
+        # prompt) by list order, so every new prefix lands on the first replica, which thrashes
+        # while the others idle (bench/cluster.py --streams 1: all 128 requests on replica 0). A
+        # small temperature spreads ties at random and still picks a cached replica (its cost is
+        # lower by the prefix's whole prefill) all but never.
+        argv += ["--router-temperature", str(KV_AWARE_TEMPERATURE)]
+    return argv + list(config.router_args)

@@ -1,0 +1,260 @@
+"""Scale-out benchmark: replicas behind vllm-router on a prefix-sharing workload, same run.
+
+    python bench/cluster.py                       # 32 streams, the four setups below
+    python bench/cluster.py --quick               # smoke: small, two setups (tests/integration)
+
+Setups, each started fresh with ``trillium cluster`` (so no cache carries over): 1 replica with 2
+threads (behind the router too, so every setup pays the same proxy hop), then 2 replicas with 1
+thread each under ``kv_aware`` (routing on the replicas' published prefix-cache events),
+``cache_aware`` (the router's own guess from request history) and ``round_robin``.
+
+Workload ("many users, few long system prompts"): ``--system-prompts`` distinct system prompts of
+``--system-words`` random words, each request one of them (uniformly, seeded: the same stream for
+every setup) plus a short user question, streamed chat completions, ``--streams`` at a time. Each
+replica's KV pool is ``--kv-cache-gib`` (default: about half of the distinct prefixes fit one
+replica, so where a prefix lands decides whether it stays cached).
+
+Prints one JSON row per setup and a table: output tokens/s, requests/s, TTFT p50/p90, and the
+prefix-cache hit rate over all replicas (cached prompt tokens / prompt tokens, from each replica's
+/metrics), then the ratios against round_robin and against the single replica.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+sys.path.insert(0, os.path.dirname(__file__))
+from serving_metrics import summarize
+
+WORDS = (
+    "harbor lantern keeper storm vessel signal beacon tide reef channel compass anchor rope deck "
+    "mast sail cargo ledger voyage island coast current fog bell watch night dawn gull pier wave"
+).split()
+QUESTIONS = ["What is {}?", "Explain {} briefly.", "Why does {} matter?", "Give one fact about {}."]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shared_prefix_workload(num_requests: int, num_systems: int, system_words: int, seed: int) -> list[list[dict]]:
+    """Chat requests: one of ``num_systems`` long system prompts each, plus a short question."""
+    rng = random.Random(seed)
+    systems = [
+        f"You are assistant {i}. " + " ".join(rng.choice(WORDS) for _ in range(system_words))
+        for i in range(num_systems)
+    ]
+    out = []
+    for _ in range(num_requests):
+        question = rng.choice(QUESTIONS).format(rng.choice(WORDS))
+        out.append([{"role": "system", "content": rng.choice(systems)}, {"role": "user", "content": question}])
+    return out
+
+
+@dataclass
+class ClusterProcess:
+    """``trillium cluster`` in a subprocess on free ports; its printed replica pids and URL parsed."""
+
+    replicas: int
+    policy: str
+    args: list[str] = field(default_factory=list)
+    log_path: str | None = None
+
+    def __post_init__(self) -> None:
+        self.router_port = free_port()
+        base = free_port()  # replica i: base + i (the kernel rarely hands out neighbours)
+        argv = [sys.executable, "-m", "trillium", "cluster", "--replicas", str(self.replicas)]
+        argv += ["--policy", self.policy, "--router-port", str(self.router_port), "--replica-port", str(base)]
+        argv += ["--kv-events-port", str(free_port()), "--router-metrics-port", str(free_port()), *self.args]
+        self._log = open(self.log_path or os.devnull, "wb")  # noqa: SIM115  # closed in stop()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log, text=True)
+        self.url = ""
+        self.replica_urls: list[str] = []
+        self.pids: list[int] = []
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # blocks until the cluster prints its URL (or exits)
+            if m := re.match(r"replica-(\d+): (\S+) \(pid (\d+)", line):
+                self.replica_urls.append(m[2])
+                self.pids.append(int(m[3]))
+            elif m := re.match(r"trillium cluster: (\S+)/v1 ", line):
+                self.url = m[1]
+                break
+        if not self.url:
+            self.stop()
+            raise RuntimeError(f"trillium cluster did not start (exit {self.proc.poll()}); see {self.log_path}")
+
+    def next_line(self, timeout: float) -> str | None:
+        """The cluster's next stdout line (restarts are reported there), None at EOF."""
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        return line or None
+
+    def stop(self, timeout: float = 90) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def prefix_counters(replica_urls: list[str]) -> tuple[float, float]:
+    """(cached prompt tokens, prompt tokens looked up) summed over the replicas' /metrics."""
+    hits = queries = 0.0
+    for url in replica_urls:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        hits += _metric(text, "trillium:prefix_cache_hits_total")
+        queries += _metric(text, "trillium:prefix_cache_queries_total")
+    return hits, queries
+
+
+def _metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
+    return float(m[1]) if m else 0.0
+
+
+async def _one(client: httpx.AsyncClient, model: str, messages: list[dict], max_tokens: int) -> dict:
+    payload = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    rec: dict = {"start": time.perf_counter(), "chunk_times": [], "output_tokens": 0, "prompt_tokens": 0, "ok": False}
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=payload) as r:
+            if r.status_code != 200:
+                rec["error"] = f"HTTP {r.status_code}"
+                return rec
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    rec["output_tokens"] = chunk["usage"]["completion_tokens"]
+                    rec["prompt_tokens"] = chunk["usage"]["prompt_tokens"]
+                if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
+                    rec["chunk_times"].append(time.perf_counter())
+                if chunk.get("choices") and chunk["choices"][0].get("finish_reason"):
+                    rec["finish_reason"] = chunk["choices"][0]["finish_reason"]
+        rec["ok"] = "finish_reason" in rec
+        if not rec["ok"]:
+            rec["error"] = "stream ended without a finish_reason"
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        rec["end"] = time.perf_counter()
+    return rec
+
+
+async def run_load(
+    base_url: str, model: str, workload: list[list[dict]], streams: int, max_tokens: int, timeout: float = 600
+) -> tuple[list[dict], float]:
+    """Closed loop: ``streams`` clients take the workload's requests in order. (records, wall s)."""
+    queue = list(reversed(workload))
+    records: list[dict] = []
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while queue:
+            records.append(await _one(client, model, queue.pop(), max_tokens))
+
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
+        await asyncio.gather(*(client_loop(client) for _ in range(streams)))
+    return records, time.perf_counter() - t0
+
+
+def run_setup(name: str, replicas: int, policy: str, threads: int, args: argparse.Namespace) -> dict:
+    workload = shared_prefix_workload(args.requests, args.system_prompts, args.system_words, args.seed)
+    engine = ["--kv-cache-gib", str(args.kv_cache_gib), "--max-running", str(args.max_running)]
+    engine += ["--router-log-level", args.router_log_level, "--router-args", args.router_args]
+    cluster = ClusterProcess(replicas, policy, ["--num-threads", str(threads), *engine], log_path=args.log)
+    try:
+        model = httpx.get(f"{cluster.url}/v1/models", timeout=30).json()["data"][0]["id"]
+        records, wall = asyncio.run(run_load(cluster.url, model, workload, args.streams, args.max_tokens))
+        hits, queries = prefix_counters(cluster.replica_urls)
+    finally:
+        cluster.stop()
+    row = {"setup": name, "replicas": replicas, "policy": policy, "threads_per_replica": threads // replicas}
+    row.update(summarize(records, wall))
+    row["prefix_hit_rate"] = round(hits / queries, 4) if queries else 0.0
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--streams", type=int, default=32)
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--system-prompts", type=int, default=8)
+    p.add_argument("--system-words", type=int, default=300)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--kv-cache-gib", type=float, default=0.25, help="per replica")
+    p.add_argument("--max-running", type=int, default=32, help="per replica")
+    p.add_argument("--threads", type=int, default=2, help="cores in all, split between the replicas")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--setups", default="single,kv_aware,cache_aware,round_robin", help="which, in order")
+    p.add_argument("--quick", action="store_true", help="smoke run: few requests, two setups")
+    p.add_argument("--log", default=None, help="append the clusters' logs here")
+    p.add_argument("--router-log-level", default="warning")
+    p.add_argument("--router-args", default="", help="more vllm-router flags for every setup")
+    p.add_argument("--result-file", default=None)
+    args = p.parse_args()
+    known = {
+        "single": ("1 replica x 2 threads", 1, "round_robin"),
+        "kv_aware": ("2 x 1, kv_aware", 2, "kv_aware"),
+        "cache_aware": ("2 x 1, cache_aware", 2, "cache_aware"),
+        "round_robin": ("2 x 1, round_robin", 2, "round_robin"),
+    }
+    if args.quick:
+        args.requests, args.streams, args.system_words, args.max_tokens = 12, 4, 60, 4
+        args.setups = "kv_aware,round_robin"
+    setups = [known[name] for name in args.setups.split(",")]
+    rows = []
+    for name, replicas, policy in setups:
+        row = run_setup(name, replicas, policy, args.threads, args)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    by_setup = {r["setup"]: r for r in rows}
+    rr = by_setup.get(known["round_robin"][0])
+    single = by_setup.get(known["single"][0])
+    print(f"\n{'setup':24} {'out tok/s':>10} {'req/s':>7} {'TTFT p50':>9} {'TTFT p90':>9} {'hit rate':>8}")
+    for r in rows:
+        print(
+            f"{r['setup']:24} {r['output_throughput']:>10.1f} {r['request_throughput']:>7.2f} "
+            f"{r['ttft_p50_ms']:>8.0f}ms {r['ttft_p90_ms']:>8.0f}ms {r['prefix_hit_rate']:>8.3f}"
+        )
+    for r in rows:
+        ratios = []
+        if rr and r is not rr and rr["prefix_hit_rate"]:
+            ratios.append(f"hit rate {r['prefix_hit_rate'] / rr['prefix_hit_rate']:.2f}x round_robin")
+        if single and r is not single and single["output_throughput"]:
+            ratios.append(f"throughput {r['output_throughput'] / single['output_throughput']:.2f}x one replica")
+        if ratios:
+            print(f"{r['setup']:24} " + ", ".join(ratios))
+    if args.result_file:
+        with open(args.result_file, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
