@@ -12,7 +12,8 @@ Workload ("many users, few long system prompts"): ``--system-prompts`` distinct 
 ``--system-words`` random words, each request one of them (uniformly, seeded: the same stream for
 every setup) plus a short user question, streamed chat completions, ``--streams`` at a time. Each
 replica's KV pool is ``--kv-cache-gib`` (default: about half of the distinct prefixes fit one
-replica, so where a prefix lands decides whether it stays cached).
+replica of two, so where a prefix lands decides whether it stays cached; the single replica gets
+twice the pool: every setup has the same memory).
 
 Prints one JSON row per setup and a table: output tokens/s, requests/s, TTFT p50/p90, and the
 prefix-cache hit rate over all replicas (cached prompt tokens / prompt tokens, from each replica's
@@ -186,7 +187,9 @@ async def run_load(
 
 def run_setup(name: str, replicas: int, policy: str, threads: int, args: argparse.Namespace) -> dict:
     workload = shared_prefix_workload(args.requests, args.system_prompts, args.system_words, args.seed)
-    engine = ["--kv-cache-gib", str(args.kv_cache_gib), "--max-running", str(args.max_running)]
+    # The same memory in every setup: one replica gets the pool two would share.
+    pool = args.kv_cache_gib * (2 if replicas == 1 else 1)
+    engine = ["--kv-cache-gib", str(pool), "--max-running", str(args.max_running)]
     engine += ["--router-log-level", args.router_log_level, "--router-args", args.router_args]
     cluster = ClusterProcess(replicas, policy, ["--num-threads", str(threads), *engine], log_path=args.log)
     try:
@@ -205,10 +208,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--streams", type=int, default=32)
     p.add_argument("--requests", type=int, default=256)
-    p.add_argument("--system-prompts", type=int, default=8)
+    p.add_argument("--system-prompts", type=int, default=16)
     p.add_argument("--system-words", type=int, default=300)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--kv-cache-gib", type=float, default=0.25, help="per replica")
+    p.add_argument(
+        "--kv-cache-gib", type=float, default=0.2, help="per replica of two (the single replica gets twice this)"
+    )
     p.add_argument("--max-running", type=int, default=32, help="per replica")
     p.add_argument("--threads", type=int, default=2, help="cores in all, split between the replicas")
     p.add_argument("--seed", type=int, default=0)

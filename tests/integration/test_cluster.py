@@ -15,8 +15,10 @@ benchmark that times all this is bench/cluster.py; nothing here asserts speed.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -141,6 +143,14 @@ def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_rejoins(tmp_
         assert c.stop() == 0
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an exited child waiting to be reaped has stopped all the same)."""
+    try:
+        return "(zombie)" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
 def _requests_served(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return sum(
@@ -148,3 +158,38 @@ def _requests_served(url: str) -> float:
         for line in text.splitlines()
         if line.startswith("trillium:request_success_total{")
     )
+
+
+def test_the_cluster_benchmark_runs(tmp_path):
+    """bench/cluster.py --quick: two setups start, every request completes, the rows are whole."""
+    result = tmp_path / "cluster.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "cluster.py"), "--quick", "--result-file", str(result)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(result.read_text())["rows"]
+    assert [r["policy"] for r in rows] == ["kv_aware", "round_robin"]
+    assert all(r["completed"] == 12 and r["failed"] == 0 and 0 <= r["prefix_hit_rate"] <= 1 for r in rows)
+
+
+def test_sigterm_drains_in_flight_streams_then_stops_everything(tmp_path):
+    c = ClusterProcess(1, "round_robin", ["--kv-cache-gib", "0.05"], log_path=str(tmp_path / "c.log"))
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 64, "ignore_eos": True, "stream": True}
+    pieces = []
+    with httpx.stream("POST", f"{c.url}/v1/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                pieces.append(json.loads(line[6:]))
+                if len(pieces) == 2:
+                    c.proc.send_signal(signal.SIGTERM)  # mid-stream
+    assert pieces[-1]["choices"][0]["finish_reason"] == "length"  # the stream finished whole
+    assert sum(1 for p in pieces if p["choices"] and p["choices"][0]["text"]) >= 60
+    assert c.stop() == 0
+    for pid in c.pids:  # the replica is gone too (and so is the router: its port is free)
+        assert not _running(pid)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{c.url}/health", timeout=2)
