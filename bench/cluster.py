@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -47,10 +48,20 @@ WORDS = (
 QUESTIONS = ["What is {}?", "Explain {} briefly.", "Why does {} matter?", "Give one fact about {}."]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> int:
+    """The first of ``n`` consecutive ports that are free now (below the kernel's ephemeral range,
+    so other tests' free_port() picks cannot land inside the block)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - n)
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def shared_prefix_workload(num_requests: int, num_systems: int, system_words: int, seed: int) -> list[list[dict]]:
@@ -69,48 +80,78 @@ def shared_prefix_workload(num_requests: int, num_systems: int, system_words: in
 
 @dataclass
 class ClusterProcess:
-    """``trillium cluster`` in a subprocess on free ports; its printed replica pids and URL parsed."""
+    """``trillium cluster`` in a subprocess on free ports; its printed replica and router pids and
+    URL parsed. Every later stdout line lands in ``lines`` (restarts are reported there)."""
 
     replicas: int
     policy: str
     args: list[str] = field(default_factory=list)
     log_path: str | None = None
+    start_timeout: float = 300
 
     def __post_init__(self) -> None:
-        self.router_port = free_port()
-        base = free_port()  # replica i: base + i (the kernel rarely hands out neighbours)
-        argv = [sys.executable, "-m", "trillium", "cluster", "--replicas", str(self.replicas)]
-        argv += ["--policy", self.policy, "--router-port", str(self.router_port), "--replica-port", str(base)]
-        argv += ["--kv-events-port", str(free_port()), "--router-metrics-port", str(free_port()), *self.args]
+        n = self.replicas
+        base = free_ports(2 * n + 2)  # router, router metrics, replicas, KV-event sockets
+        self.router_port = base
+        argv = [sys.executable, "-m", "trillium", "cluster", "--replicas", str(n), "--policy", self.policy]
+        argv += ["--router-port", str(base), "--router-metrics-port", str(base + 1)]
+        argv += ["--replica-port", str(base + 2), "--kv-events-port", str(base + 2 + n), *self.args]
         self._log = open(self.log_path or os.devnull, "wb")  # noqa: SIM115  # closed in stop()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log, text=True)
+        self.lines: list[str] = []
+        self._new_line = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
         self.url = ""
         self.replica_urls: list[str] = []
-        self.pids: list[int] = []
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:  # blocks until the cluster prints its URL (or exits)
-            if m := re.match(r"replica-(\d+): (\S+) \(pid (\d+)", line):
-                self.replica_urls.append(m[2])
-                self.pids.append(int(m[3]))
-            elif m := re.match(r"trillium cluster: (\S+)/v1 ", line):
-                self.url = m[1]
-                break
-        if not self.url:
+        self.pids: list[int] = []  # the replicas'
+        self.router_pid: int | None = None
+        if not (m := self.wait_for(r"trillium cluster: (\S+)/v1 ", self.start_timeout)):
             self.stop()
             raise RuntimeError(f"trillium cluster did not start (exit {self.proc.poll()}); see {self.log_path}")
+        self.url = m[1]
+        for line in self.lines:
+            if r := re.match(r"replica-(\d+): (\S+) \(pid (\d+)", line):
+                self.replica_urls.append(r[2])
+                self.pids.append(int(r[3]))
+            elif r := re.match(r"router: \S+ \(pid (\d+)", line):
+                self.router_pid = int(r[1])
 
-    def next_line(self, timeout: float) -> str | None:
-        """The cluster's next stdout line (restarts are reported there), None at EOF."""
+    def _read(self) -> None:
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        return line or None
+        for line in self.proc.stdout:
+            with self._new_line:
+                self.lines.append(line)
+                self._new_line.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match[str] | None:
+        """The first stdout line (so far or within ``timeout``) matching ``pattern``, or None."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._new_line:
+            while True:
+                for line in self.lines[seen:]:
+                    if m := re.search(pattern, line):
+                        return m
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and seen == len(self.lines)):
+                    return None
+                self._new_line.wait(min(left, 1.0))
 
     def stop(self, timeout: float = 90) -> int:
+        """SIGTERM once (the cluster drains) and wait; past ``timeout``, SIGKILL the launcher and
+        every process group it started (each child leads its own)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                for pid in [*self.pids, self.router_pid]:
+                    if pid is not None:
+                        try:
+                            os.killpg(pid, signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError):
+                            pass
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
@@ -257,8 +298,9 @@ def main() -> None:
         if ratios:
             print(f"{r['setup']:24} " + ", ".join(ratios))
     if args.result_file:
+        settings = {k: v for k, v in vars(args).items() if k not in ("result_file", "log")}  # no paths
         with open(args.result_file, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+            json.dump({"args": settings, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

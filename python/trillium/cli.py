@@ -202,7 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     cluster.add_argument(
         "--num-threads", type=int, default=None, help="compute threads across all replicas (default: all cores)"
     )
-    cluster.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS")
+    cluster.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, how long to wait for the replicas to exit before SIGKILL (each replica "
+        "itself finishes in-flight requests for up to 10 s)",
+    )
     cluster.add_argument(
         "--router-args",
         default="",
@@ -238,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         except ValueError as exc:
             parser.error(str(exc))
+        if args.drain_timeout < 0:
+            parser.error(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
         return run_cluster(cluster_config, drain_timeout_s=args.drain_timeout)
     if args.command == "serve":
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -253,9 +262,14 @@ def main(argv: list[str] | None = None) -> int:
             )
         except ValueError as exc:
             parser.error(str(exc))
-        return run_server(
-            config, host=args.host, port=args.port, access=access, log_requests=args.log_requests, limits=limits
-        )
+        from trillium.cluster.kv_events import EndpointError
+
+        try:
+            return run_server(
+                config, host=args.host, port=args.port, access=access, log_requests=args.log_requests, limits=limits
+            )
+        except EndpointError as exc:
+            parser.error(str(exc))
     if args.command == "usage":
         from trillium.metering.commands import print_usage
 

@@ -96,9 +96,13 @@ class Engine:
     """
 
     def __init__(self, config: EngineConfig, *, progress: bool = True) -> None:
+        self.kv_events: KVEventPublisher | None = None  # --kv-events-endpoint's publisher
+        if config.kv_events_endpoint is not None:
+            # Bound first, so a port in use fails in a second (EndpointError), not after the load.
+            self.kv_events = KVEventPublisher(config.kv_events_endpoint, block_size=config.block_size)
+            weakref.finalize(self, self.kv_events.close)
         self.step_thread = StepThread()
         weakref.finalize(self, self.step_thread.close)  # an LLM dropped without close() ends it too
-        self.kv_events: KVEventPublisher | None = None  # --kv-events-endpoint's publisher
         spec = config.speculative_config
         if isinstance(spec, SpeculativeConfig) and spec.model is not None:
             # Fail fast: a draft model of another tokenizer stops start-up before any model loads.
@@ -218,13 +222,9 @@ class Engine:
         )
         allocator = _core.BlockAllocator(num_blocks)
         tree = _core.RadixTree(allocator, config.block_size) if config.enable_prefix_cache else None
-        if tree is not None and config.kv_events_endpoint is not None:
+        if tree is not None and self.kv_events is not None:
             tree.record_events = True
-            self.kv_events = KVEventPublisher(
-                config.kv_events_endpoint,
-                namespace=cache_namespace(scheduler_config.model_key, None),
-                block_size=config.block_size,
-            )
+            self.kv_events.namespace = cache_namespace(scheduler_config.model_key, None)
         scheduler_send, scheduler_recv = open_inbox(INBOX_BOUND)
         tokenizer_send, tokenizer_recv = open_inbox(TOKENIZER_INBOX_BOUND)
         grammar_send, grammar_recv = open_inbox(GRAMMAR_INBOX_BOUND)

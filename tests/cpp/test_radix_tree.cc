@@ -322,9 +322,38 @@ void test_random_against_model(uint64_t key_mask) {
   }
 }
 
+// The journal: a stored suffix names the cached block before it; evict/clear report drops tail
+// first; nothing is journalled while recording is off, and turning it off drops the journal.
+void test_event_journal() {
+  using Kind = trillium::CacheEvent::Kind;
+  BlockAllocator a(8);
+  RadixTree t(&a, 2);
+  t.set_record_events(true);
+  const Ids blocks = alloc(a, 3);
+  insert(t, 1, {1, 2, 3, 4, 5, 6}, blocks);
+  const Ids more = alloc(a, 1);
+  insert(t, 1, {1, 2, 3, 4, 9, 9}, {blocks[0], blocks[1], more[0]});  // branches after 2 blocks
+  std::vector<trillium::CacheEvent> events = t.take_events();
+  CHECK(events.size() == 2);
+  CHECK(events[0].kind == Kind::kStored && events[0].block_ids == blocks && events[0].parent_block_id == -1);
+  CHECK(events[0].tokens == Ids({1, 2, 3, 4, 5, 6}) && events[0].ns == 1);
+  CHECK(events[1].block_ids == more && events[1].parent_block_id == blocks[1] && events[1].tokens == Ids({9, 9}));
+  CHECK(t.take_events().empty());  // taken
+  CHECK_OK(a.free(blocks));
+  CHECK_OK(a.free(more));
+  CHECK(evict(t, 1) == 1);
+  events = t.take_events();
+  CHECK(events.size() == 1 && events[0].kind == Kind::kRemoved && events[0].tokens.empty());
+  int32_t dropped = 0;
+  t.set_record_events(false);
+  CHECK_OK(t.clear(&dropped));
+  CHECK(dropped == 3 && t.take_events().empty());
+}
+
 }  // namespace
 
 int main() {
+  test_event_journal();
   test_empty_tree_and_null_handle();
   test_insert_then_match_shares_blocks();
   test_split_on_insert_reports_duplicates();

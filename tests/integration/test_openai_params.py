@@ -286,6 +286,10 @@ def test_render_gives_the_token_ids_a_request_runs(http, openai_client):
     assert text["token_ids"] == http.post("/tokenize", json={"prompt": "The sea is"}).json()["tokens"]
     ids = http.post("/v1/completions/render", json={"prompt": [[5, 6, 7], [8]]}).json()
     assert ids["token_ids"] == [5, 6, 7]  # the first prompt: a request goes to one replica
+    bad = http.post("/v1/completions/render", json={"prompt": [[5, 10**9]]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+    no_fim = http.post("/v1/completions/render", json={"prompt": "def f(", "suffix": "return x"})
+    assert no_fim.status_code == 400 and no_fim.json()["error"]["param"] == "suffix"
     missing = http.post("/v1/chat/completions/render", json={"model": "nope", "messages": CHAT})
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
     assert http.post("/v1/chat/completions/render", json={"messages": []}).status_code == 400

@@ -11,6 +11,7 @@ from trillium.cluster.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    EndpointError,
     KVEventPublisher,
     decode_batch,
 )
@@ -107,6 +108,69 @@ def test_the_wire_is_vllms_layout() -> None:
     ]
 
 
-def test_a_bad_endpoint_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="kv-events-endpoint"):
+def test_a_bad_or_busy_endpoint_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(EndpointError, match=r"kv-events-endpoint tcp://256\.0\.0\.1:1"):
         KVEventPublisher("tcp://256.0.0.1:1", namespace=0, block_size=16)
+    first = KVEventPublisher(f"ipc://{tmp_path}/a.sock", block_size=16)
+    try:
+        port = _free_port()
+        taken = KVEventPublisher(f"tcp://127.0.0.1:{port}", block_size=16)
+        with pytest.raises(EndpointError, match="in use"):
+            KVEventPublisher(f"tcp://127.0.0.1:{port}", block_size=16)
+        taken.close()
+    finally:
+        first.close()
+
+
+def test_the_config_refuses_an_endpoint_it_cannot_use() -> None:
+    from trillium.config import EngineConfig
+
+    with pytest.raises(ValueError, match="tcp://HOST:PORT"):
+        EngineConfig(kv_events_endpoint="localhost:5557")
+    with pytest.raises(ValueError, match="prefix cache"):
+        EngineConfig(kv_events_endpoint="tcp://*:5557", enable_prefix_cache=False)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_dropped_batch_leaves_its_gap_and_the_next_batch_first_clears_the_routers_view(tmp_path) -> None:
+    """Batches are numbered as they are published, so one the full queue drops leaves its number
+    unused (the router sees the gap where it was), and the next one that goes out starts with
+    AllBlocksCleared: a lost BlockRemoved must not leave the router trusting a stale block."""
+    import queue
+
+    endpoint = f"ipc://{tmp_path}/kv.sock"
+    alloc = BlockAllocator(16)
+    tree = RadixTree(alloc, BS)
+    tree.record_events = True
+    publisher = KVEventPublisher(endpoint, namespace=NS, block_size=BS)
+    sub = _subscriber(endpoint)
+    try:
+        last = _join(sub, publisher)
+        sender_queue = publisher._queue
+        publisher._queue = queue.Queue(1)  # the sender waits on its own queue: nothing leaves now
+        journals = []
+        for start in (0, 100, 200):
+            tree.insert(NS, list(range(start, start + BS)), alloc.allocate(1))
+            journals.append(tree.take_events())
+            publisher.publish(journals[-1])
+        assert publisher.num_dropped == 2  # the second and third: the stand-in queue holds one
+        sender_queue.put(publisher._queue.get())
+        publisher._queue = sender_queue
+        tree.insert(NS, list(range(300, 300 + BS)), alloc.allocate(1))
+        publisher.publish(tree.take_events())
+        seq, events = _next(sub)
+        assert seq == last + 1 and [e.token_ids for e in events] == [list(range(BS))]
+        seq, events = _next(sub)
+        assert seq == last + 4  # 2 and 3 were dropped
+        assert events[0] == AllBlocksCleared() and events[1].token_ids == list(range(300, 300 + BS))
+    finally:
+        sub.close()
+        publisher.close()
+        publisher.close()  # a second close is a no-op

@@ -251,3 +251,47 @@ async def test_a_step_past_its_time_limit_makes_the_actor_not_live():
         actor._recent_steps.extend([1.0] * 100)
         assert actor.step_limit() == pytest.approx(10.0)
         nursery.cancel_scope.cancel()
+
+
+class RecordingSink:
+    """A CacheEventSink that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.journal: list = []
+        self.num_cleared = 0
+
+    def publish(self, events) -> None:
+        self.journal.extend(events)
+
+    def cleared(self) -> None:
+        self.num_cleared += 1
+
+
+async def test_the_prefix_caches_changes_reach_the_event_sink_and_a_rebuilt_pool_clears_it():
+    """Between steps the actor hands the tree's journal to its sink: what a request computed is
+    reported stored (the cached prompt blocks, in order), and a failed step's rebuilt pool is
+    reported cleared, with the new tree journaling too."""
+    send, recv = open_inbox(8)
+    executor = SlowExecutor(BLOCK, fail_on="bad")
+    allocator = _core.BlockAllocator(64)
+    tree = _core.RadixTree(allocator, BLOCK)
+    tree.record_events = True
+    sink = RecordingSink()
+    config = SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset({0}))
+    actor = SchedulerActor(config, KVBlockManager(allocator, BLOCK, tree), executor, recv, cache_events=sink)
+    supervisor = Supervisor([actor])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: supervisor.run(handle_signals=False, task_status=task_status))
+        await collect(submit(send, "a", prompt_len=9, max_tokens=2))
+        await settle(actor)
+        stored = [e for e in sink.journal if e.kind == "stored"]
+        assert stored and stored[0].tokens[: 2 * BLOCK] == list(range(50, 50 + 2 * BLOCK))
+        assert stored[0].parent_block_id == -1
+        await collect(submit(send, "bad"))
+        await settle(actor)
+        assert sink.num_cleared == 1 and actor.policy.kv.tree.record_events
+        sink.journal.clear()
+        await collect(submit(send, "b", prompt_len=9, max_tokens=2))
+        await settle(actor)
+        assert any(e.kind == "stored" for e in sink.journal)  # the rebuilt tree reports too
+        supervisor.request_shutdown()

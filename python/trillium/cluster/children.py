@@ -34,22 +34,20 @@ class Child:
         return self.process.returncode if self.process is not None else None
 
     async def start(self, nursery: trio.Nursery) -> None:
-        cores = self.cores
-
-        # No PR_SET_PDEATHSIG here: trio forks from a worker thread, and that signal fires when the
-        # forking THREAD exits (trio retires idle threads), not the launcher.
-        def prepare() -> None:  # runs in the child between fork and exec
-            if cores and hasattr(os, "sched_setaffinity"):
-                os.sched_setaffinity(0, cores)
-
         self.process = await trio.lowlevel.open_process(
             self.argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=prepare,
             start_new_session=True,  # a Ctrl-C on the terminal reaches the launcher only: it drains in order
         )
+        if self.cores and hasattr(os, "sched_setaffinity"):
+            # Set from here rather than in a preexec_fn (unsafe in a threaded parent): the child
+            # is still starting its interpreter, and every thread it makes later inherits this.
+            try:
+                os.sched_setaffinity(self.process.pid, self.cores)
+            except OSError:  # it exited already; its supervisor sees that
+                pass
         nursery.start_soon(self._pump)
 
     async def wait(self) -> int:

@@ -9,21 +9,25 @@ and vllm-router 0.1.17 decodes it (checked against the router binary, see tests/
 test_cluster.py):
 
 - a message is three frames: ``topic`` (empty), the sequence number as 8 big-endian bytes
-  (starting at 0; a sequence that goes back tells the router the worker restarted), and a msgpack
-  ``[ts, [event, ...], data_parallel_rank]`` array;
+  (starting at 0; a sequence that goes back tells the router the worker restarted, one that jumps
+  tells it batches were lost), and a msgpack ``[ts, [event, ...], data_parallel_rank]`` array;
 - an event is a map tagged by ``type``: ``BlockStored`` (block_hashes, parent_block_hash,
   token_ids, block_size, lora_id, medium, lora_name), ``BlockRemoved`` (block_hashes, medium),
   ``AllBlocksCleared``.
 
-trillium's block hash is the KV block id: unique while the block is cached, and a block is always
-reported removed before its id can be cached again (the journal is ordered). Only the served
-model's unsalted namespace is published: requests with a ``cache_salt`` never share a prefix
-with anyone else's, and their prompts stay off the wire.
+trillium's block hash is the KV block id: unique while the block is cached, and the journal
+reports a block removed before its id can be cached again. That holds on the wire only while no
+batch is lost, so after a loss the next batch starts with ``AllBlocksCleared``: the router then
+under-counts what this replica caches (until prefixes are stored again) rather than trusting a
+stale entry. Only the served model's unsalted namespace is published: requests with a
+``cache_salt`` never share a prefix with anyone else's, and their prompts stay off the wire.
 
 The scheduler hands each step's journal (``RadixTree.take_events``) to :meth:`KVEventPublisher.
-publish`, which only queues it; a daemon thread encodes and sends. PUB sockets never block: when
-the queue or the socket's high-water mark is full, batches are dropped (counted), and the router
-sees the gap in the sequence numbers.
+publish`, which only numbers and queues it; a daemon thread converts, encodes and sends. When the
+queue is full the batch is dropped (``num_dropped``, logged) and its number skipped. A PUB socket
+itself drops silently at its high-water mark (ZMQ's, per subscriber); the router sees neither kind
+of loss except as the gap. There is no replay socket: a router that subscribes late learns only
+what is stored from then on.
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ log = logging.getLogger(__name__)
 
 QUEUE_BATCHES = 4096  # journals waiting for the sender thread before new ones are dropped
 MEDIUM = "GPU"  # vLLM's name for the engine's own KV pool (what the router credits in full)
+
+
+class EndpointError(ValueError):
+    """The events socket cannot be bound (a port in use, a bad address); names the endpoint."""
 
 
 class BlockStored(msgspec.Struct, tag=True):
@@ -65,6 +73,8 @@ class AllBlocksCleared(msgspec.Struct, tag=True):
 
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+# What the scheduler queues: the journal's events, first AllBlocksCleared after a loss or rebuild.
+Pending = list["CacheEvent | AllBlocksCleared"]
 
 
 class EventBatch(msgspec.Struct, array_like=True):
@@ -89,10 +99,16 @@ def to_wire(events: list[CacheEvent], namespace: int, block_size: int) -> list[K
 
 class KVEventPublisher:
     """Binds a ZMQ PUB socket at ``endpoint`` (e.g. ``tcp://*:5557``) and publishes prefix-cache
-    events of one namespace on it from a daemon thread. ``publish``/``cleared`` are cheap and never
-    block (the scheduler calls them between steps). ``close`` stops the thread and the socket."""
+    events of one namespace on it from a daemon thread.
 
-    def __init__(self, endpoint: str, *, namespace: int, block_size: int) -> None:
+    ``namespace`` may be set after construction (the engine binds the socket before it loads the
+    model, so a port in use fails fast, and knows the namespace only after). ``publish`` and
+    ``cleared`` are called from one thread (the scheduler's) and never block. ``close`` stops the
+    sender (batches still queued are dropped) and closes the socket; calling it again is a no-op.
+    Raises EndpointError naming the endpoint when the socket cannot be bound.
+    """
+
+    def __init__(self, endpoint: str, *, block_size: int, namespace: int = 0) -> None:
         try:
             import zmq
         except ImportError:  # pragma: no cover - the cluster extra is installed for tests
@@ -100,75 +116,83 @@ class KVEventPublisher:
         self.endpoint = endpoint
         self.namespace = namespace
         self.block_size = block_size
-        self.num_sent = 0  # batches on the wire
-        self.num_dropped = 0  # batches dropped (queue or socket full)
+        self.num_sent = 0  # batches handed to the socket
+        self.num_dropped = 0  # batches dropped because the queue was full
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.PUB)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.IPV6, 1)  # tcp://[::]:port too (IPv4 endpoints work as before)
         try:
             self._socket.bind(endpoint)
         except zmq.ZMQError as exc:
             self._socket.close()
             self._context.term()
-            raise ValueError(f"--kv-events-endpoint {endpoint}: {exc}") from None
-        self._queue: queue.Queue[list[KVEvent] | None] = queue.Queue(QUEUE_BATCHES)
-        self._seq = 0  # the next batch's sequence number (the sender thread's)
-        self._lock = threading.Lock()  # guards _skipped, which both threads touch
-        self._skipped = 0  # batches dropped before reaching the sender: their numbers are skipped
-        self._stopping = False
+            raise EndpointError(f"--kv-events-endpoint {endpoint}: {exc}") from None
+        # (sequence number, the journal or [AllBlocksCleared()]); None stops the sender.
+        self._queue: queue.Queue[tuple[int, Pending] | None] = queue.Queue(QUEUE_BATCHES)
+        self._next_seq = 0  # numbered by the producer, so a dropped batch leaves its gap in place
+        self._lost = False  # a batch was dropped: the next one first clears the router's view
+        self._closed = False
         self._thread = threading.Thread(target=self._send_loop, name="kv-events", daemon=True)
         self._thread.start()
         log.info("publishing prefix-cache events on %s", endpoint)
 
     def publish(self, events: list[CacheEvent]) -> None:
-        """Queue one journal (``RadixTree.take_events()``), converted to wire events."""
-        wire = to_wire(events, self.namespace, self.block_size)
-        if wire:
-            self._put(wire)
+        """Queue one journal (``RadixTree.take_events()``): its events in this namespace, converted
+        to wire events on the sender thread (a journal with none is not sent)."""
+        mine = [e for e in events if e.namespace == self.namespace]
+        if mine:
+            self._put(list(mine))
 
     def cleared(self) -> None:
         """The whole prefix cache was dropped (the KV pool was rebuilt after a failure)."""
         self._put([AllBlocksCleared()])
 
     def close(self) -> None:
-        self._stopping = True
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._queue.put_nowait(None)
-        except queue.Full:  # the sender is far behind: it sees _stopping after its next send
+        except queue.Full:  # the sender is far behind: it sees _closed after its current batch
             pass
-        self._thread.join(timeout=2)
-        self._socket.close()
-        self._context.term()
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():  # else the daemon thread still owns the socket
+            self._socket.close()
+            self._context.term()
 
-    def _put(self, events: list[KVEvent]) -> None:
+    def _put(self, batch: Pending) -> None:
+        seq = self._next_seq
+        self._next_seq += 1
+        if self._lost:
+            batch = [AllBlocksCleared(), *batch]
         try:
-            self._queue.put_nowait(events)
+            self._queue.put_nowait((seq, batch))
+            self._lost = False
         except queue.Full:
-            with self._lock:
-                self.num_dropped += 1
-                self._skipped += 1  # the router sees the gap
+            self.num_dropped += 1
+            self._lost = True
+            if self.num_dropped == 1 or self.num_dropped % 1000 == 0:
+                log.warning("kv events: %d batches dropped (the sender is behind)", self.num_dropped)
 
     def _send_loop(self) -> None:
         import zmq
 
         encoder = msgspec.msgpack.Encoder()
-        while not self._stopping:
-            events = self._queue.get()
-            if events is None:
+        while not self._closed or not self._queue.empty():
+            item = self._queue.get()
+            if item is None:
                 return
+            seq, batch = item
+            cleared = isinstance(batch[0], AllBlocksCleared)
+            journal = [e for e in batch if not isinstance(e, AllBlocksCleared)]
+            events: list[KVEvent] = [AllBlocksCleared()] if cleared else []
+            events += to_wire(journal, self.namespace, self.block_size)
             payload = encoder.encode(EventBatch(time.time(), events))
-            with self._lock:
-                self._seq += self._skipped
-                self._skipped = 0
-            seq = self._seq
-            self._seq += 1
             try:
-                self._socket.send_multipart([b"", seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK)
+                self._socket.send_multipart([b"", seq.to_bytes(8, "big"), payload])
                 self.num_sent += 1
-            except zmq.Again:
-                with self._lock:
-                    self.num_dropped += 1
-            except zmq.ZMQError as exc:  # socket closed under us at shutdown
+            except zmq.ZMQError as exc:  # the socket closed under us at shutdown
                 log.debug("kv events: %s", exc)
                 return
 

@@ -48,6 +48,8 @@ class ClusterConfig:
         ports = [self.router_port, self.router_metrics_port, *self.replica_ports()]
         if self.policy == "kv_aware":
             ports += [self.kv_events_port + i for i in range(self.replicas)]
+        if not all(0 < port < 65536 for port in ports):
+            raise ValueError(f"ports must be in 1..65535: the router, metrics, replica and KV-event ports are {ports}")
         if len(set(ports)) != len(ports):
             raise ValueError(f"the router, metrics, replica and KV-event ports overlap: {sorted(ports)}")
 
@@ -61,7 +63,12 @@ class ClusterConfig:
 
     @property
     def url(self) -> str:
-        return f"http://{self.connect_host}:{self.router_port}"
+        return f"http://{_bracketed(self.connect_host)}:{self.router_port}"
+
+
+def _bracketed(host: str) -> str:
+    """A host as it goes before ``:port`` in a URL (IPv6 addresses in brackets)."""
+    return f"[{host}]" if ":" in host else host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,15 +100,15 @@ def plan_replicas(config: ClusterConfig, cores: list[int] | None = None) -> list
         argv = [sys.executable, "-m", "trillium", "serve", "--host", config.host, "--port", str(port)]
         argv += ["--num-threads", str(per)]
         if kv_aware:
-            argv += ["--kv-events-endpoint", f"tcp://{config.host or '*'}:{kv_port}"]
+            argv += ["--kv-events-endpoint", f"tcp://{_bracketed(config.host or '*')}:{kv_port}"]
         argv += list(config.engine_args)
         specs.append(
             ReplicaSpec(
                 index=i,
-                url=f"http://{config.connect_host}:{port}",
+                url=f"http://{_bracketed(config.connect_host)}:{port}",
                 argv=tuple(argv),
                 cores=tuple(cores[i * per : (i + 1) * per]) if pin else None,
-                kv_events=f"tcp://{config.connect_host}:{kv_port}" if kv_aware else None,
+                kv_events=f"tcp://{_bracketed(config.connect_host)}:{kv_port}" if kv_aware else None,
             )
         )
     return specs

@@ -259,12 +259,27 @@ class Routes:
         self._check_model(body.model)
         items = _prompt_items(body.prompt)
         self.limits.check_body(prompts=items)
-        item = items[0]
+        self._check_suffix(body.suffix)
+        if isinstance(items[0], list):
+            self.limits.check_token_ids(items[0], "prompt")
+        return self._rendered(await self._completion_prompt_ids(items[0], body.suffix, "prompt"))
+
+    def _check_suffix(self, suffix: str | None) -> None:
+        if suffix and self.client.tokenizer.fim_token_ids is None:
+            raise APIError("suffix is not supported: this model has no fill-in-the-middle tokens", param="suffix")
+
+    async def _completion_prompt_ids(self, item: str | list[int], suffix: str | None, param: str) -> list[int]:
+        """One completion prompt as token ids: given ids checked against the vocabulary (they take
+        no suffix), text tokenized with the suffix. APIError names ``param`` (or ``suffix``)."""
         if isinstance(item, list):
-            self.limits.check_token_ids(item, "prompt")
-            return self._rendered(item)
-        self.limits.check_prompt_chars(item + (body.suffix or ""), "prompt")
-        return self._rendered(await self._tokenize(prompt=item, suffix=body.suffix or None))
+            if suffix:
+                raise APIError("suffix needs text prompts (it is tokenized with them)", param="suffix")
+            vocab = self.client.model_config.vocab_size
+            if any(not 0 <= t < vocab for t in item):
+                raise APIError(f"prompt token ids must be in [0, {vocab})", param=param)
+            return item
+        self.limits.check_prompt_chars(item + (suffix or ""), param)
+        return await self._tokenize(prompt=item, suffix=suffix or None)
 
     def _rendered(self, token_ids: list[int]) -> Response:
         return json_response({"model": self.client.model_name, "token_ids": token_ids, "count": len(token_ids)})
@@ -275,8 +290,7 @@ class Routes:
         self._check_admission(account, body)
         items = _prompt_items(body.prompt)
         self.limits.check_body(logit_bias=body.logit_bias, stop=body.stop, prompts=items)
-        if body.suffix and self.client.tokenizer.fim_token_ids is None:
-            raise APIError("suffix is not supported: this model has no fill-in-the-middle tokens", param="suffix")
+        self._check_suffix(body.suffix)
         logprobs = completion_logprobs(body)
         # max_tokens 0 with echo scores the prompt without generating (OpenAI's legacy API; eval
         # harnesses use it): one token is generated and left out of the response.
@@ -299,16 +313,8 @@ class Routes:
         for k, item in enumerate(items):
             param = "prompt" if len(items) == 1 else f"prompt[{k}]"
             if isinstance(item, list):
-                if body.suffix:
-                    raise APIError("suffix needs text prompts (it is tokenized with them)", param="suffix")
                 self._check_length(len(item), sampling.max_tokens, param)  # before the O(len) checks
-                vocab = self.client.model_config.vocab_size
-                if any(not 0 <= t < vocab for t in item):
-                    raise APIError(f"prompt token ids must be in [0, {vocab})", param=param)
-                prompts.append(item)
-            else:
-                self.limits.check_prompt_chars(item + (body.suffix or ""), param)
-                prompts.append(await self._tokenize(prompt=item, suffix=body.suffix or None))
+            prompts.append(await self._completion_prompt_ids(item, body.suffix, param))
             self._check_length(len(prompts[-1]), sampling.max_tokens, param)
         longest = max(len(ids) for ids in prompts)
         self._check_tokens(longest, sampling.max_tokens, num_choices)
