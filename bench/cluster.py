@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import httpx
 
 sys.path.insert(0, os.path.dirname(__file__))
+from serving_client import stream_request
 from serving_metrics import summarize
 
 WORDS = (
@@ -173,42 +174,6 @@ def _metric(text: str, name: str) -> float:
     return float(m[1]) if m else 0.0
 
 
-async def _one(client: httpx.AsyncClient, model: str, messages: list[dict], max_tokens: int) -> dict:
-    payload = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    rec: dict = {"start": time.perf_counter(), "chunk_times": [], "output_tokens": 0, "prompt_tokens": 0, "ok": False}
-    try:
-        async with client.stream("POST", "/v1/chat/completions", json=payload) as r:
-            if r.status_code != 200:
-                rec["error"] = f"HTTP {r.status_code}"
-                return rec
-            async for line in r.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    rec["output_tokens"] = chunk["usage"]["completion_tokens"]
-                    rec["prompt_tokens"] = chunk["usage"]["prompt_tokens"]
-                if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}).get("content"):
-                    rec["chunk_times"].append(time.perf_counter())
-                if chunk.get("choices") and chunk["choices"][0].get("finish_reason"):
-                    rec["finish_reason"] = chunk["choices"][0]["finish_reason"]
-        rec["ok"] = "finish_reason" in rec
-        if not rec["ok"]:
-            rec["error"] = "stream ended without a finish_reason"
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        rec["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        rec["end"] = time.perf_counter()
-    return rec
-
-
 async def run_load(
     base_url: str, model: str, workload: list[list[dict]], streams: int, max_tokens: int, timeout: float = 600
 ) -> tuple[list[dict], float]:
@@ -218,7 +183,8 @@ async def run_load(
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         while queue:
-            records.append(await _one(client, model, queue.pop(), max_tokens))
+            messages = queue.pop()
+            records.append(await stream_request(client, "chat", model, "", max_tokens, False, None, messages))
 
     t0 = time.perf_counter()
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:

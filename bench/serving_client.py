@@ -43,10 +43,13 @@ async def stream_request(
     max_tokens: int,
     ignore_eos: bool,
     sampling: dict | None = None,
+    messages: list[dict] | None = None,
 ) -> dict:
     """Send one streamed request; return its record (see serving_metrics). Never raises for HTTP or
-    protocol errors: the record is marked ``ok: False`` with the error text. ``sampling``: OpenAI
-    sampling fields (default: greedy, ``{"temperature": 0}``)."""
+    protocol errors: the record is marked ``ok: False`` with the error text, as is a stream that
+    ends without a finish_reason (a server that died mid-answer). ``sampling``: OpenAI sampling
+    fields (default: greedy, ``{"temperature": 0}``). ``messages``: the chat conversation to send
+    instead of one user turn of ``prompt``."""
     payload: dict = {
         "model": model,
         "max_tokens": max_tokens,
@@ -57,7 +60,7 @@ async def stream_request(
     if ignore_eos:
         payload["ignore_eos"] = True
     if endpoint == "chat":
-        payload["messages"] = [{"role": "user", "content": prompt}]
+        payload["messages"] = messages or [{"role": "user", "content": prompt}]
         path = "/v1/chat/completions"
     else:
         payload["prompt"] = prompt
@@ -84,7 +87,11 @@ async def stream_request(
                     )
                     if piece:
                         rec["chunk_times"].append(time.perf_counter())
-        rec["ok"] = True
+                    if choices[0].get("finish_reason"):
+                        rec["finish_reason"] = choices[0]["finish_reason"]
+        rec["ok"] = "finish_reason" in rec
+        if not rec["ok"]:
+            rec["error"] = "the stream ended without a finish_reason"
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         rec["error"] = f"{type(exc).__name__}: {exc}"
     finally:

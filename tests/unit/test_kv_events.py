@@ -52,7 +52,10 @@ def _next(sub) -> tuple[int, list]:
     return int.from_bytes(seq, "big"), decode_batch(payload).events
 
 
-def test_a_subscriber_sees_stored_and_removed_blocks_chained_by_parent(tmp_path) -> None:
+@pytest.fixture
+def wired(tmp_path):
+    """(allocator, journaling tree, publisher, a subscriber that has joined, the last sequence
+    number it saw)."""
     endpoint = f"ipc://{tmp_path}/kv.sock"
     alloc = BlockAllocator(16)
     tree = RadixTree(alloc, BS)
@@ -60,27 +63,32 @@ def test_a_subscriber_sees_stored_and_removed_blocks_chained_by_parent(tmp_path)
     publisher = KVEventPublisher(endpoint, namespace=NS, block_size=BS)
     sub = _subscriber(endpoint)
     try:
-        last = _join(sub, publisher)
-        blocks = alloc.allocate(3)
-        tree.insert(NS, list(range(12)), blocks)
-        tree.insert(NS + 1, list(range(8)), alloc.allocate(2))  # another namespace: not published
-        publisher.publish(tree.take_events())
-        assert _next(sub) == (last + 1, [BlockStored(blocks, None, list(range(12)), BS)])
-        more = alloc.allocate(1)
-        tree.insert(NS, [*range(8), 50, 51, 52, 53], blocks[:2] + more)  # branches after 2 blocks
-        alloc.free(blocks + more)
-        tree.evict(1)  # the least recently used tail: blocks[2]
-        publisher.publish(tree.take_events())
-        assert _next(sub) == (
-            last + 2,
-            [BlockStored([more[0]], blocks[1], [50, 51, 52, 53], BS), BlockRemoved([blocks[2]])],
-        )
-        publisher.publish(tree.take_events())  # nothing changed: nothing sent
-        publisher.cleared()
-        assert _next(sub) == (last + 3, [AllBlocksCleared()])
+        yield alloc, tree, publisher, sub, _join(sub, publisher)
     finally:
         sub.close()
         publisher.close()
+        publisher.close()  # a second close is a no-op
+
+
+def test_a_subscriber_sees_stored_and_removed_blocks_chained_by_parent(wired) -> None:
+    alloc, tree, publisher, sub, last = wired
+    blocks = alloc.allocate(3)
+    tree.insert(NS, list(range(12)), blocks)
+    tree.insert(NS + 1, list(range(8)), alloc.allocate(2))  # another namespace: not published
+    publisher.publish(tree.take_events())
+    assert _next(sub) == (last + 1, [BlockStored(blocks, None, list(range(12)), BS)])
+    more = alloc.allocate(1)
+    tree.insert(NS, [*range(8), 50, 51, 52, 53], blocks[:2] + more)  # branches after 2 blocks
+    alloc.free(blocks + more)
+    tree.evict(1)  # the least recently used tail: blocks[2]
+    publisher.publish(tree.take_events())
+    assert _next(sub) == (
+        last + 2,
+        [BlockStored([more[0]], blocks[1], [50, 51, 52, 53], BS), BlockRemoved([blocks[2]])],
+    )
+    publisher.publish(tree.take_events())  # nothing changed: nothing sent
+    publisher.cleared()
+    assert _next(sub) == (last + 3, [AllBlocksCleared()])
 
 
 def test_the_wire_is_vllms_layout() -> None:
@@ -139,38 +147,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_dropped_batch_leaves_its_gap_and_the_next_batch_first_clears_the_routers_view(tmp_path) -> None:
+def test_a_dropped_batch_leaves_its_gap_and_the_next_batch_first_clears_the_routers_view(wired) -> None:
     """Batches are numbered as they are published, so one the full queue drops leaves its number
     unused (the router sees the gap where it was), and the next one that goes out starts with
     AllBlocksCleared: a lost BlockRemoved must not leave the router trusting a stale block."""
     import queue
 
-    endpoint = f"ipc://{tmp_path}/kv.sock"
-    alloc = BlockAllocator(16)
-    tree = RadixTree(alloc, BS)
-    tree.record_events = True
-    publisher = KVEventPublisher(endpoint, namespace=NS, block_size=BS)
-    sub = _subscriber(endpoint)
-    try:
-        last = _join(sub, publisher)
-        sender_queue = publisher._queue
-        publisher._queue = queue.Queue(1)  # the sender waits on its own queue: nothing leaves now
-        journals = []
-        for start in (0, 100, 200):
-            tree.insert(NS, list(range(start, start + BS)), alloc.allocate(1))
-            journals.append(tree.take_events())
-            publisher.publish(journals[-1])
-        assert publisher.num_dropped == 2  # the second and third: the stand-in queue holds one
-        sender_queue.put(publisher._queue.get())
-        publisher._queue = sender_queue
-        tree.insert(NS, list(range(300, 300 + BS)), alloc.allocate(1))
-        publisher.publish(tree.take_events())
-        seq, events = _next(sub)
-        assert seq == last + 1 and [e.token_ids for e in events] == [list(range(BS))]
-        seq, events = _next(sub)
-        assert seq == last + 4  # 2 and 3 were dropped
-        assert events[0] == AllBlocksCleared() and events[1].token_ids == list(range(300, 300 + BS))
-    finally:
-        sub.close()
-        publisher.close()
-        publisher.close()  # a second close is a no-op
+    alloc, tree, publisher, sub, last = wired
+    sender_queue = publisher._queue
+    publisher._queue = queue.Queue(1)  # the sender waits on its own queue: nothing leaves now
+    journals = []
+    for start in (0, 100, 200):
+        tree.insert(NS, list(range(start, start + BS)), alloc.allocate(1))
+        journals.append(tree.take_events())
+        publisher.publish(journals[-1])
+    assert publisher.num_dropped == 2  # the second and third: the stand-in queue holds one
+    sender_queue.put(publisher._queue.get())
+    publisher._queue = sender_queue
+    tree.insert(NS, list(range(300, 300 + BS)), alloc.allocate(1))
+    publisher.publish(tree.take_events())
+    seq, events = _next(sub)
+    assert seq == last + 1 and [e.token_ids for e in events] == [list(range(BS))]
+    seq, events = _next(sub)
+    assert seq == last + 4  # 2 and 3 were dropped
+    assert events[0] == AllBlocksCleared() and events[1].token_ids == list(range(300, 300 + BS))
