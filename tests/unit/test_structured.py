@@ -380,3 +380,60 @@ async def test_max_properties_over_optional_keys_ends_the_object_at_the_limit(to
     value = json.loads(tok.decode(ids))
     jsonschema.validate(value, schema)
     assert reason == FinishReason.STOP and len(value) == 3
+
+
+def test_a_draft_past_the_parsers_limit_leaves_the_request_able_to_go_on(tok, monkeypatch):
+    """Drafts are filled on a copy of the request's matcher: a draft whose consumption trips a
+    parser limit (llguidance errors are sticky) no longer breaks the matcher the request keeps,
+    the rows after the failing draft are that position's mask rather than garbage, and a token
+    refused at the limit is reported as the limit, not as a grammar violation."""
+    import json
+    import random
+
+    import llguidance
+
+    from trillium.structured import compiler as compiler_module
+
+    monkeypatch.setattr(compiler_module, "PARSER_LIMITS", llguidance.LLParserLimits(max_items_in_row=10))
+    grammar = GrammarCompiler(build_ll_tokenizer(tok, tok.vocab_size)).compile(
+        StructuredOutputs(json={"type": "object", "properties": {"data": {}}, "required": ["data"]})
+    )
+    rng = random.Random(5)
+
+    def value(depth):
+        r = rng.random()
+        if depth > 12 or r < 0.2:
+            return rng.choice([1, 2.5, "str", True, None])
+        if r < 0.6:
+            return [value(depth + 1) for _ in range(rng.randint(1, 3))]
+        return {rng.choice("abcdefgh"): value(depth + 1) for _ in range(rng.randint(1, 3))}
+
+    ids = tok.encode(json.dumps({"data": value(0)}, separators=(",", ":")), add_special_tokens=False)
+    matcher = grammar.new_matcher()
+    filler = BitmaskFiller(8, tok.vocab_size, num_threads=1)
+    tripped = 0
+    try:
+        for pos, token in enumerate(ids):
+            drafts = ids[pos : pos + 5]  # the continuation, as the scheduler validates drafts
+            filler.buffer.fill_(0x15555555)  # a row the fill leaves alone shows as this
+            step = filler.begin_step([(0, matcher, drafts)], 1)
+            assert step is not None
+            step.wait()
+            assert not matcher.ll_matcher.is_error()  # the drafts went through a copy
+            # Row j is the mask after drafts 0..j-1 up to the draft p that cannot be consumed;
+            # every row after p is row p (never a stale row of an earlier step's buffer).
+            probe, expect = matcher.ll_matcher.deep_copy(), []
+            for j in range(len(drafts) + 1):
+                words = torch.frombuffer(bytearray(probe.compute_bitmask()), dtype=torch.int32)
+                expect.append(words[: step.tensor.shape[1]])
+                if j == len(drafts) or not probe.consume_token(drafts[j]):
+                    break
+            tripped += len(expect) <= len(drafts)
+            for j in range(len(drafts) + 1):
+                assert torch.equal(step.tensor[j], expect[min(j, len(expect) - 1)]), (pos, j, len(expect))
+            if not matcher.accept(token):
+                assert "the output grew past what the grammar's parser follows" in matcher.rejection(token)
+                break
+        assert tripped > 0, "the limit never tripped inside a draft fill: the test proves nothing"
+    finally:
+        filler.close()

@@ -376,7 +376,7 @@ class SchedulerPolicy:
             matcher = request.matcher
             if matcher is not None:
                 if not matcher.accept(t):
-                    return appended, FinishReason.ERROR, f"the grammar rejected token {t}: {matcher.error}"
+                    return appended, FinishReason.ERROR, matcher.rejection(t)
                 guard = matcher.guard
                 if guard is not None:
                     # EOS or a stop token is no JSON: it ends the output (a pending number completes).

@@ -94,7 +94,11 @@ class BitmaskFiller:
         num_rows = 0
         for index, matcher, drafts in constrained:
             rows[index] = num_rows
-            jobs.append((matcher.ll_matcher, num_rows, drafts))
+            # Drafts are filled on a copy (~10 us): consuming a draft can put llguidance's matcher
+            # in a sticky error (a parser limit), and a draft the step then rejects must not end
+            # the request. The original stays as it was, untouched until the step is done.
+            ll = matcher.ll_matcher
+            jobs.append((ll.deep_copy() if drafts else ll, num_rows, drafts, ll))
             if matcher.guard is not None and matcher.guard.bans:
                 bans += [(num_rows + j, t) for j, t in matcher.guard.bans_from(matcher.num_tokens, 1 + len(drafts))]
             num_rows += 1 + len(drafts)
@@ -118,17 +122,18 @@ class BitmaskFiller:
             self._last = None
         self.wait_seconds += step.wait_seconds
 
-    def _fill(
-        self, jobs: list[tuple[llguidance.LLMatcher, int, list[int]]], tensor: torch.Tensor, bans: list[tuple[int, int]]
-    ) -> None:
+    def _fill(self, jobs: list[_Job], tensor: torch.Tensor, bans: list[tuple[int, int]]) -> None:
         start = time.perf_counter()
         row_bytes, num_rows = tensor.shape[1] * 4, tensor.shape[0]
         # llguidance's draft-token fill refuses a job without drafts: those go to the plain fill
         # (each call writes only its jobs' rows of the one tensor).
-        drafting = [job for job in jobs if job[2]]
-        plain = [(matcher, row) for matcher, row, drafts in jobs if not drafts]
+        drafting = [(copy, row, drafts) for copy, row, drafts, _ in jobs if drafts]
+        plain = [(matcher, row) for matcher, row, drafts, _ in jobs if not drafts]
         if drafting:
             self._executor.unsafe_compute_mask_ptr_with_draft_token(drafting, tensor.data_ptr(), row_bytes, num_rows)
+            for copy, row, drafts, original in jobs:
+                if drafts and copy.is_error():
+                    _repair_rows(tensor, row, drafts, original)
         if plain:
             self._executor.unsafe_compute_mask_ptr(plain, tensor.data_ptr(), row_bytes, num_rows)
         for row, token in bans:  # clear the bit: int32 words, so bit 31 is the sign
@@ -138,3 +143,31 @@ class BitmaskFiller:
 
     def close(self) -> None:
         self._thread.shutdown(wait=False)
+
+
+# (the matcher the fill reads -- a copy when drafting --, its first row, its drafts, the request's matcher)
+_Job = tuple[llguidance.LLMatcher, int, list[int], llguidance.LLMatcher]
+
+
+def _repair_rows(tensor: torch.Tensor, row: int, drafts: list[int], original: llguidance.LLMatcher) -> None:
+    """The draft fill's copy hit an error (a parser limit) at some draft: its later rows are not
+    masks. Recomputes the rows one position at a time on another copy of the request's matcher
+    (the original is not touched; rare, so not done for every fill) up to the position p whose
+    draft cannot be consumed, and gives every row after p row p's mask. Those rows are read only
+    if the step accepts draft p, and accepting it fails the same way for real: they just must not
+    be empty rows to sample from. If even a mask cannot be computed, the rows from there copy the
+    last good one (the request fails at that position anyway)."""
+    probe = original.deep_copy()
+    last = len(drafts)
+    for j in range(len(drafts) + 1):
+        mask = probe.compute_bitmask()
+        if probe.is_error():
+            last = j - 1
+            break
+        # llguidance's own bitmask may run a word past the model's vocabulary: that word is cut.
+        tensor[row + j] = torch.frombuffer(bytearray(mask), dtype=torch.int32)[: tensor.shape[1]]
+        if j == len(drafts) or not probe.consume_token(drafts[j]):
+            last = j
+            break
+    if last >= 0:
+        tensor[row + last + 1 : row + len(drafts) + 1] = tensor[row + last]

@@ -7,6 +7,9 @@ import llguidance
 from trillium.structured.closer import MAX_CHARS, Closer, string_state
 from trillium.structured.guard import OutputGuard
 
+# How llguidance words a per-token parser limit (LLParserLimits: max_items_in_row, step_max_items).
+PARSER_LIMIT_SIGNS = ("max is", "TooComplex", "too complex")
+
 
 class GrammarMatcher:
     """Wraps an ``llguidance.LLMatcher``. Not thread-safe: the scheduler advances it on the event
@@ -108,6 +111,15 @@ class GrammarMatcher:
     @property
     def error(self) -> str:
         return self._m.get_error()
+
+    def rejection(self, token_id: int) -> str:
+        """Why :meth:`accept` refused ``token_id``, for the request's error. llguidance bounds
+        its parser's work per token; an output nested or ambiguous past that bound is refused
+        although the mask allowed the token, which is no fault of the request's sampling."""
+        error = self.error
+        if any(sign in error for sign in PARSER_LIMIT_SIGNS):
+            return f"the output grew past what the grammar's parser follows (a per-token limit) at token {token_id}: {error}"
+        return f"the grammar rejected token {token_id}: {error}"
 
     @property
     def ll_matcher(self) -> llguidance.LLMatcher:
