@@ -116,6 +116,10 @@ class PyRadixTree {
     std::lock_guard<std::mutex> guard(owner_->mutex());
     return tree_->take_events();
   }
+  void journal_cached() {
+    std::lock_guard<std::mutex> guard(owner_->mutex());
+    tree_->journal_cached();
+  }
   void set_record_events(bool on) {
     std::lock_guard<std::mutex> guard(owner_->mutex());
     tree_->set_record_events(on);
@@ -208,6 +212,9 @@ void bind_radix_tree(py::module_& m) {
       .def("take_events", &Self::take_events,
            "The journal of stored/removed blocks since the last call, oldest first (empty unless "
            "record_events is on).")
+      .def("journal_cached", &Self::journal_cached,
+           "Journal the whole cache as 'stored' events, parents first (for a subscriber starting from "
+           "an empty view); no-op unless record_events is on.")
       .def_property(
           "record_events", get([](const RadixTree& t) { return t.record_events(); }), &Self::set_record_events,
           "Journal every stored/removed block for take_events() (off by default; off drops the journal).")

@@ -407,6 +407,22 @@ void RadixTree::set_record_events(bool on) {
   if (!on) events_.clear();
 }
 
+void RadixTree::journal_cached() {
+  if (!record_events_) return;
+  for (NodeIndex n : preorder()) {  // parents first: each event's parent block is already stated
+    const Node& node = nodes_[n];
+    if (node.is_root || node.blocks.empty()) continue;
+    const Node& up = nodes_[node.parent];
+    CacheEvent ev;
+    ev.kind = CacheEvent::Kind::kStored;
+    ev.ns = node.ns;
+    ev.block_ids = node.blocks;
+    ev.parent_block_id = up.is_root ? BlockId{-1} : up.blocks.back();
+    ev.tokens = node.tokens;
+    events_.push_back(std::move(ev));
+  }
+}
+
 std::vector<CacheEvent> RadixTree::take_events() {
   std::vector<CacheEvent> out;
   out.swap(events_);

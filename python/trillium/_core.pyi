@@ -115,6 +115,10 @@ class RadixTree:
         """The journal since the last call, oldest first: insert() adopting a suffix is one
         'stored' event (with the cached block before it, to chain sequences), each tail evict()
         or clear() drops is one 'removed' event. Empty unless ``record_events`` is on."""
+    def journal_cached(self) -> None:
+        """Journal the whole cache as 'stored' events, parents before children, after what is
+        already journalled (for a subscriber starting from an empty view). No-op unless
+        ``record_events`` is on."""
     @property
     def record_events(self) -> bool:
         """Journal stored/removed blocks for take_events() (off by default; off drops the journal)."""

@@ -339,6 +339,10 @@ void test_event_journal() {
   CHECK(events[0].tokens == Ids({1, 2, 3, 4, 5, 6}) && events[0].ns == 1);
   CHECK(events[1].block_ids == more && events[1].parent_block_id == blocks[1] && events[1].tokens == Ids({9, 9}));
   CHECK(t.take_events().empty());  // taken
+  t.journal_cached();  // the whole cache, parents first: what a late subscriber is sent
+  events = t.take_events();
+  CHECK(events.size() == 3 && events[0].parent_block_id == -1 && events[0].block_ids == Ids({blocks[0], blocks[1]}));
+  CHECK(events[1].parent_block_id == blocks[1] && events[2].parent_block_id == blocks[1]);  // the two branches
   CHECK_OK(a.free(blocks));
   CHECK_OK(a.free(more));
   CHECK(evict(t, 1) == 1);

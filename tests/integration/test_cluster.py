@@ -96,6 +96,33 @@ def test_kv_aware_routes_on_the_replicas_published_cache(tmp_path):
     assert kv_aware >= cache_aware, (kv_aware, cache_aware)
 
 
+def test_a_restarted_router_is_sent_every_replicas_cache_and_routes_on_it(tmp_path):
+    """kv_aware after the router dies: the cluster restarts it, each replica hears the new
+    subscriber and sends its whole prefix cache, so every prompt cached before the crash is
+    routed to the replica that holds it (by chance alone, 6 of 6 would be 1 in 64)."""
+    c = ClusterProcess(2, "kv_aware", ["--kv-cache-gib", "0.1"], log_path=str(tmp_path / "c.log"))
+    try:
+        first = {m[0]["content"]: m for m in reversed(shared_prefix_workload(60, 6, 120, seed=7))}
+        prompts = list(first.values())  # one request for each of the 6 system prompts
+        assert len(prompts) == 6
+        body = {"model": MODEL, "max_tokens": 1, "temperature": 0}
+        for messages in prompts:
+            httpx.post(
+                f"{c.url}/v1/chat/completions", json={**body, "messages": messages}, timeout=60
+            ).raise_for_status()
+        assert c.router_pid is not None
+        os.kill(c.router_pid, signal.SIGKILL)
+        assert c.wait_for(r"router: restarted", 60), c.lines
+        time.sleep(1)  # the replicas' snapshots reach the new router
+        for messages in prompts:
+            again = [messages[0], {"role": "user", "content": "And one more question?"}]
+            r = httpx.post(f"{c.url}/v1/chat/completions", json={**body, "messages": again}, timeout=60)
+            cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert cached >= 96, (cached, r.json()["usage"])  # the system prompt's blocks were hit
+    finally:
+        assert c.stop() == 0
+
+
 def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_rejoins(tmp_path):
     c = ClusterProcess(
         2, "round_robin", ["--kv-cache-gib", "0.1", "--max-running", "8"], log_path=str(tmp_path / "c.log")

@@ -3,6 +3,8 @@ subscriber as vllm-router's kv_aware policy receives them."""
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 import pytest
 
@@ -171,3 +173,21 @@ def test_a_dropped_batch_leaves_its_gap_and_the_next_batch_first_clears_the_rout
     seq, events = _next(sub)
     assert seq == last + 4  # 2 and 3 were dropped
     assert events[0] == AllBlocksCleared() and events[1].token_ids == list(range(300, 300 + BS))
+
+
+def test_a_subscriber_joining_asks_for_the_whole_cache(tmp_path) -> None:
+    """The socket is an XPUB: a router that connects (late, or after a restart) makes
+    snapshot_wanted() true once, so the scheduler sends it the whole cache."""
+    endpoint = f"ipc://{tmp_path}/kv.sock"
+    publisher = KVEventPublisher(endpoint, namespace=NS, block_size=BS)
+    try:
+        assert not publisher.snapshot_wanted()
+        sub = _subscriber(endpoint)
+        deadline = time.monotonic() + 5
+        while not publisher.snapshot_wanted():
+            assert time.monotonic() < deadline, "the subscription was never heard"
+            time.sleep(0.05)
+        assert not publisher.snapshot_wanted()  # once per subscriber
+        sub.close()
+    finally:
+        publisher.close()

@@ -400,6 +400,15 @@ class RadixTreeMachine(RuleBasedStateMachine):
                 for block in event.block_ids:
                     del self.seen[block]
         assert {key: block for block, key in self.seen.items()} == self.cache
+        # A subscriber that joins now is sent the whole cache: it rebuilds the same view.
+        self.tree.journal_cached()
+        late: dict[int, tuple[int, tuple[int, ...]]] = {}
+        for event in self.tree.take_events():
+            prefix = late[event.parent_block_id][1] if event.parent_block_id != -1 else ()
+            for i, block in enumerate(event.block_ids):
+                prefix += tuple(event.tokens[i * self.bs : (i + 1) * self.bs])
+                late[block] = (event.namespace, prefix)
+        assert late == self.seen
 
 
 TestRadixTreeMachine = RadixTreeMachine.TestCase

@@ -259,12 +259,17 @@ class RecordingSink:
     def __init__(self) -> None:
         self.journal: list = []
         self.num_cleared = 0
+        self.want_snapshot = False
 
     def publish(self, events) -> None:
         self.journal.extend(events)
 
     def cleared(self) -> None:
         self.num_cleared += 1
+
+    def snapshot_wanted(self) -> bool:
+        wanted, self.want_snapshot = self.want_snapshot, False
+        return wanted
 
 
 async def test_the_prefix_caches_changes_reach_the_event_sink_and_a_rebuilt_pool_clears_it():
@@ -294,4 +299,13 @@ async def test_the_prefix_caches_changes_reach_the_event_sink_and_a_rebuilt_pool
         await collect(submit(send, "b", prompt_len=9, max_tokens=2))
         await settle(actor)
         assert any(e.kind == "stored" for e in sink.journal)  # the rebuilt tree reports too
+        # A subscriber joins while the scheduler idles: within a tick it is sent the whole cache.
+        sink.journal.clear()
+        sink.want_snapshot = True
+        with trio.fail_after(5):
+            while not sink.journal:
+                await trio.sleep(0.05)
+        assert sink.num_cleared == 2 and all(e.kind == "stored" for e in sink.journal)
+        cached = sum(len(e.block_ids) for e in sink.journal)
+        assert cached == actor.policy.kv.num_cached_blocks > 0
         supervisor.request_shutdown()

@@ -165,6 +165,10 @@ class RadixTree {
   bool record_events() const { return record_events_; }
   // The journal since the last call, oldest first; leaves it empty.
   std::vector<CacheEvent> take_events();
+  // Journals the whole cache as kStored events, parents before children (one per node), after
+  // what is already journalled: a subscriber that starts from an empty view (it joined late, or
+  // was told everything was cleared) then holds exactly the cache. No-op unless recording.
+  void journal_cached();
 
   // O(nodes + blocks) self-check, then the allocator's own check; kInternal naming the first
   // violation: tree shape and child keys, edge lengths, lock counts (parent >= sum of children),

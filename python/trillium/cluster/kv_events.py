@@ -26,8 +26,13 @@ The scheduler hands each step's journal (``RadixTree.take_events``) to :meth:`KV
 publish`, which only numbers and queues it; a daemon thread converts, encodes and sends. When the
 queue is full the batch is dropped (``num_dropped``, logged) and its number skipped. A PUB socket
 itself drops silently at its high-water mark (ZMQ's, per subscriber); the router sees neither kind
-of loss except as the gap. There is no replay socket: a router that subscribes late learns only
-what is stored from then on.
+of loss except as the gap.
+
+A router that subscribes late (it started after this replica, or restarted) is sent the whole
+cache: the socket is an XPUB, whose subscribe messages the sender thread watches; on one it asks
+the scheduler (:meth:`KVEventPublisher.snapshot_wanted`) for ``AllBlocksCleared`` followed by
+every cached block (``RadixTree.journal_cached``), so every subscriber then holds exactly the
+cache. (vLLM's replay socket answers the same need from a bounded buffer of past batches.)
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -46,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 QUEUE_BATCHES = 4096  # journals waiting for the sender thread before new ones are dropped
+SUBSCRIBER_POLL_S = 0.2  # how often an idle sender looks for new subscribers
 MEDIUM = "GPU"  # vLLM's name for the engine's own KV pool (what the router credits in full)
 
 
@@ -119,7 +125,7 @@ class KVEventPublisher:
         self.num_sent = 0  # batches handed to the socket
         self.num_dropped = 0  # batches dropped because the queue was full
         self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.PUB)
+        self._socket = self._context.socket(zmq.XPUB)  # a PUB that hears subscribers join
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.IPV6, 1)  # tcp://[::]:port too (IPv4 endpoints work as before)
         try:
@@ -133,6 +139,7 @@ class KVEventPublisher:
         self._next_seq = 0  # numbered by the producer, so a dropped batch leaves its gap in place
         self._lost = False  # a batch was dropped: the next one first clears the router's view
         self._closed = False
+        self._snapshot = threading.Event()  # a subscriber joined: send it the whole cache
         self._thread = threading.Thread(target=self._send_loop, name="kv-events", daemon=True)
         self._thread.start()
         log.info("publishing prefix-cache events on %s", endpoint)
@@ -143,6 +150,14 @@ class KVEventPublisher:
         mine = [e for e in events if e.namespace == self.namespace]
         if mine:
             self._put(list(mine))
+
+    def snapshot_wanted(self) -> bool:
+        """True once after a subscriber joined: the caller then sends :meth:`cleared` and the
+        whole cache (``RadixTree.journal_cached``) through :meth:`publish`."""
+        if not self._snapshot.is_set():
+            return False
+        self._snapshot.clear()
+        return True
 
     def cleared(self) -> None:
         """The whole prefix cache was dropped (the KV pool was rebuilt after a failure)."""
@@ -180,7 +195,11 @@ class KVEventPublisher:
 
         encoder = msgspec.msgpack.Encoder()
         while not self._closed or not self._queue.empty():
-            item = self._queue.get()
+            self._hear_subscribers(zmq)
+            try:
+                item = self._queue.get(timeout=SUBSCRIBER_POLL_S)
+            except queue.Empty:
+                continue
             if item is None:
                 return
             seq, batch = item
@@ -195,6 +214,19 @@ class KVEventPublisher:
             except zmq.ZMQError as exc:  # the socket closed under us at shutdown
                 log.debug("kv events: %s", exc)
                 return
+
+    def _hear_subscribers(self, zmq: Any) -> None:
+        """Read the XPUB's subscribe/unsubscribe messages (first byte 1/0); a subscribe asks for a
+        snapshot. The socket is this thread's alone."""
+        while True:
+            try:
+                message = self._socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:  # closed at shutdown
+                return
+            if message[:1] == b"\x01":
+                self._snapshot.set()
 
 
 def decode_batch(payload: bytes) -> EventBatch:

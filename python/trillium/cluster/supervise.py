@@ -200,6 +200,7 @@ class Cluster:
             front = self.replicas if self.config.policy == "kv_aware" or not ready else ready
             if await self._start_router(nursery, front):
                 self.failure = None
+                print(f"router: restarted (pid {self.router.pid})", flush=True)
                 for replica in self.replicas:  # ready while the router was down: put back now
                     if replica not in front and replica.ready:
                         await self._router_call("add_worker", replica.spec.url)

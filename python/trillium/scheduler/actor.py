@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 import weakref
 from typing import TYPE_CHECKING, Protocol
@@ -67,6 +68,9 @@ class CacheEventSink(Protocol):
     def cleared(self) -> None:
         """The prefix cache was dropped whole (the KV pool was rebuilt after a failure)."""
 
+    def snapshot_wanted(self) -> bool:
+        """True once when a new subscriber needs the whole cache (cleared, then every block)."""
+
 
 def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
     """Mailbox merge: a slow client gets the tokens of several steps in one delta (prompt
@@ -89,6 +93,7 @@ def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
 STEP_TIMEOUT_S = 30.0
 STEP_TIMEOUT_FACTOR = 10.0
 RECENT_STEPS = 512
+IDLE_TICK_S = 0.5
 
 
 class SchedulerActor(Actor):
@@ -145,9 +150,12 @@ class SchedulerActor(Actor):
                     await self._step()
                 else:
                     await self._release_finished()
-                    message = await self._inbox.receive()
-                    self.took_message()
-                    self._apply(message)
+                    # Idle with a cache-event sink: look up every IDLE_TICK_S, so a subscriber
+                    # that joins while no request runs gets its snapshot (in _publish_stats).
+                    with trio.move_on_after(IDLE_TICK_S if self.cache_events is not None else math.inf):
+                        message = await self._inbox.receive()
+                        self.took_message()
+                        self._apply(message)
         except Exception as exc:
             self._fail_all(exc)
             raise
@@ -368,6 +376,10 @@ class SchedulerActor(Actor):
             events = kv.tree.take_events()
             if events:
                 self.cache_events.publish(events)
+            if self.cache_events.snapshot_wanted():
+                self.cache_events.cleared()
+                kv.tree.journal_cached()
+                self.cache_events.publish(kv.tree.take_events())
         filler = self.bitmask_filler
         spec = self.policy.spec_stats
         # A draft model's pool (speculative.draft), read between steps: a count, not a structure.
