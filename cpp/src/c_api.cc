@@ -53,6 +53,8 @@ struct trillium_prefix_cache {
       : tree(&owner_->core, block_size), owner(owner_) {}
   trillium::RadixTree tree;
   trillium_block_allocator* owner;
+  std::vector<trillium::CacheEvent> taken;   // the last take_events' journal ...
+  std::vector<trillium_cache_event> views;  // ... and the C views into it
 };
 
 namespace {
@@ -361,6 +363,49 @@ extern "C" trillium_status trillium_prefix_cache_check_invariants(const trillium
   return guarded(__func__, [&](const Call& call) {
     if (cache == nullptr) return call.invalid("null cache");
     return call.result(cache->tree.check_invariants());
+  });
+}
+
+extern "C" trillium_status trillium_prefix_cache_record_events(trillium_prefix_cache* cache, int on) noexcept {
+  return guarded(__func__, [&](const Call& call) {
+    if (cache == nullptr) return call.invalid("null cache");
+    cache->tree.set_record_events(on != 0);
+    return TRILLIUM_OK;
+  });
+}
+
+extern "C" trillium_status trillium_prefix_cache_journal_cached(trillium_prefix_cache* cache) noexcept {
+  return guarded(__func__, [&](const Call& call) {
+    if (cache == nullptr) return call.invalid("null cache");
+    cache->tree.journal_cached();
+    return TRILLIUM_OK;
+  });
+}
+
+extern "C" trillium_status trillium_prefix_cache_take_events(trillium_prefix_cache* cache,
+                                                             const trillium_cache_event** out_events,
+                                                             size_t* out_count) noexcept {
+  return guarded(__func__, [&](const Call& call) {
+    if (cache == nullptr || out_events == nullptr || out_count == nullptr) {
+      return call.invalid("null cache or outputs");
+    }
+    cache->taken = cache->tree.take_events();
+    cache->views.clear();
+    cache->views.reserve(cache->taken.size());
+    for (const trillium::CacheEvent& e : cache->taken) {
+      trillium_cache_event v{};
+      v.kind = e.kind == trillium::CacheEvent::Kind::kStored ? TRILLIUM_CACHE_EVENT_STORED : TRILLIUM_CACHE_EVENT_REMOVED;
+      v.ns = e.ns;
+      v.block_ids = e.block_ids.data();
+      v.num_blocks = e.block_ids.size();
+      v.parent_block_id = e.parent_block_id;
+      v.tokens = e.tokens.empty() ? nullptr : e.tokens.data();
+      v.num_tokens = e.tokens.size();
+      cache->views.push_back(v);
+    }
+    *out_events = cache->views.data();
+    *out_count = cache->views.size();
+    return TRILLIUM_OK;
   });
 }
 

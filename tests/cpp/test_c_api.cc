@@ -466,8 +466,47 @@ void test_spec_verify() {
 
 }  // namespace
 
+// The journal through the C API: stored with tokens and parent, removed tail first, a late
+// subscriber's snapshot, and the null-argument errors.
+void test_cache_events() {
+  constexpr int32_t kBs = 2;
+  trillium_block_allocator* a = nullptr;
+  CHECK_C_OK(trillium_block_allocator_create(8, &a));
+  trillium_prefix_cache* c = nullptr;
+  CHECK_C_OK(trillium_prefix_cache_create(a, kBs, &c));
+  CHECK_C_OK(trillium_prefix_cache_record_events(c, 1));
+  const int32_t tokens[4] = {5, 6, 7, 8};
+  int32_t blocks[2];
+  CHECK_C_OK(trillium_block_allocator_allocate(a, 2, blocks));
+  CHECK_C_OK(trillium_prefix_cache_insert(c, 3, tokens, 4, blocks, 2, nullptr, 0, nullptr));
+  const trillium_cache_event* events = nullptr;
+  size_t n = 0;
+  CHECK_C_OK(trillium_prefix_cache_take_events(c, &events, &n));
+  CHECK(n == 1 && events[0].kind == TRILLIUM_CACHE_EVENT_STORED && events[0].ns == 3);
+  CHECK(events[0].num_blocks == 2 && events[0].block_ids[1] == blocks[1] && events[0].parent_block_id == -1);
+  CHECK(events[0].num_tokens == 4 && events[0].tokens[3] == 8);
+  CHECK_C_OK(trillium_prefix_cache_journal_cached(c));
+  CHECK_C_OK(trillium_prefix_cache_take_events(c, &events, &n));
+  CHECK(n == 1 && events[0].num_blocks == 2);  // the whole cache again, for a late subscriber
+  CHECK_C_OK(trillium_block_allocator_free(a, blocks, 2));
+  int32_t freed = 0;
+  CHECK_C_OK(trillium_prefix_cache_evict(c, 1, &freed));
+  CHECK_C_OK(trillium_prefix_cache_take_events(c, &events, &n));
+  CHECK(freed == 1 && n == 1 && events[0].kind == TRILLIUM_CACHE_EVENT_REMOVED && events[0].block_ids[0] == blocks[1]);
+  CHECK(events[0].tokens == nullptr && events[0].num_tokens == 0);
+  CHECK_C_OK(trillium_prefix_cache_take_events(c, &events, &n));
+  CHECK(n == 0);
+  CHECK_FAILS(trillium_prefix_cache_take_events(c, nullptr, &n), TRILLIUM_INVALID_ARGUMENT,
+              "trillium_prefix_cache_take_events");
+  CHECK_FAILS(trillium_prefix_cache_record_events(nullptr, 1), TRILLIUM_INVALID_ARGUMENT,
+              "trillium_prefix_cache_record_events");
+  trillium_prefix_cache_destroy(c);
+  CHECK_C_OK(trillium_block_allocator_destroy(a));
+}
+
 int main() {
   test_version_and_thread_local_error();
+  test_cache_events();
   test_allocator();
   test_prefix_cache();
   test_attention();

@@ -222,6 +222,38 @@ TRILLIUM_API trillium_status trillium_prefix_cache_get_stats(const trillium_pref
 TRILLIUM_API trillium_status trillium_prefix_cache_check_invariants(const trillium_prefix_cache* cache)
     TRILLIUM_NOEXCEPT;
 
+/* The event journal, for hosts that tell a cache-aware router what this cache holds (trillium's
+ * server publishes it as vLLM's KV events). While recording, insert journals each adopted suffix
+ * as one STORED event (its blocks, their tokens, and the cached block just before it, -1 at the
+ * start of a sequence) and evict/clear journal each dropped tail as one REMOVED event, in order:
+ * a block is always reported removed before its id can be stored again. Off by default. */
+#define TRILLIUM_CACHE_EVENT_STORED 0
+#define TRILLIUM_CACHE_EVENT_REMOVED 1
+typedef struct trillium_cache_event {
+  int32_t kind; /* TRILLIUM_CACHE_EVENT_STORED or _REMOVED */
+  uint64_t ns;
+  const int32_t* block_ids; /* in sequence order */
+  size_t num_blocks;
+  int32_t parent_block_id; /* STORED: the cached block before block_ids[0]; -1 at the start */
+  const int32_t* tokens;   /* STORED: num_blocks * block_size tokens; null for REMOVED */
+  size_t num_tokens;
+} trillium_cache_event;
+
+/* Journal from now on (on != 0), or stop and drop the journal (on == 0). INVALID_ARGUMENT: null
+ * cache. */
+TRILLIUM_API trillium_status trillium_prefix_cache_record_events(trillium_prefix_cache* cache, int on) TRILLIUM_NOEXCEPT;
+
+/* Journals the whole cache as STORED events, parents first, after what is journalled already
+ * (for a subscriber starting from an empty view). No-op unless recording. */
+TRILLIUM_API trillium_status trillium_prefix_cache_journal_cached(trillium_prefix_cache* cache) TRILLIUM_NOEXCEPT;
+
+/* Hands over the journal, oldest first, and empties it: *out_events points at *out_count events
+ * owned by the cache, valid until the next take_events or destroy. INVALID_ARGUMENT: null cache
+ * or outputs. */
+TRILLIUM_API trillium_status trillium_prefix_cache_take_events(trillium_prefix_cache* cache,
+                                                               const trillium_cache_event** out_events,
+                                                               size_t* out_count) TRILLIUM_NOEXCEPT;
+
 /* ------------------------------------------------------------------------------------ kernels
  * CPU kernels over caller memory: raw pointers, sizes, and strides counted in elements (not
  * bytes). Each validates all of its arguments before writing anything: INVALID_ARGUMENT (nothing
