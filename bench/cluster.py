@@ -164,12 +164,13 @@ def prefix_counters(replica_urls: list[str]) -> tuple[float, float]:
     hits = queries = 0.0
     for url in replica_urls:
         text = httpx.get(f"{url}/metrics", timeout=10).text
-        hits += _metric(text, "trillium:prefix_cache_hits_total")
-        queries += _metric(text, "trillium:prefix_cache_queries_total")
+        hits += metric_value(text, "trillium:prefix_cache_hits_total")
+        queries += metric_value(text, "trillium:prefix_cache_queries_total")
     return hits, queries
 
 
-def _metric(text: str, name: str) -> float:
+def metric_value(text: str, name: str) -> float:
+    """The value of the one sample of ``name`` in a Prometheus text page (0 when absent)."""
     m = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
     return float(m[1]) if m else 0.0
 

@@ -33,7 +33,7 @@ pytest.importorskip("zmq", reason="the cluster extra (pyzmq) is not installed")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from cluster import ClusterProcess, prefix_counters, run_load, shared_prefix_workload  # noqa: E402
+from cluster import ClusterProcess, metric_value, prefix_counters, run_load, shared_prefix_workload  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 # A replica's pool for the hit-rate test: 0.09 GiB is ~130 blocks of 16 tokens; each system
@@ -119,6 +119,10 @@ def test_a_restarted_router_is_sent_every_replicas_cache_and_routes_on_it(tmp_pa
             r = httpx.post(f"{c.url}/v1/chat/completions", json={**body, "messages": again}, timeout=60)
             cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
             assert cached >= 96, (cached, r.json()["usage"])  # the system prompt's blocks were hit
+        for url in c.replica_urls:  # what each replica sent, and that nothing was lost
+            text = httpx.get(f"{url}/metrics", timeout=10).text
+            assert metric_value(text, "trillium:kv_events_published_total") > 0, text[-2000:]
+            assert metric_value(text, "trillium:kv_events_dropped_total") == 0
     finally:
         assert c.stop() == 0
 

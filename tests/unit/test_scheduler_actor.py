@@ -256,6 +256,9 @@ async def test_a_step_past_its_time_limit_makes_the_actor_not_live():
 class RecordingSink:
     """A CacheEventSink that keeps what it is given."""
 
+    num_sent = 7  # what /stats shows as kv_events_published
+    num_dropped = 2
+
     def __init__(self) -> None:
         self.journal: list = []
         self.num_cleared = 0
@@ -308,4 +311,6 @@ async def test_the_prefix_caches_changes_reach_the_event_sink_and_a_rebuilt_pool
         assert sink.num_cleared == 2 and all(e.kind == "stored" for e in sink.journal)
         cached = sum(len(e.block_ids) for e in sink.journal)
         assert cached == actor.policy.kv.num_cached_blocks > 0
+        stats = actor.stats.latest
+        assert (stats.kv_events_published, stats.kv_events_dropped) == (7, 2)
         supervisor.request_shutdown()

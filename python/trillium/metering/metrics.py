@@ -66,6 +66,17 @@ class _SchedulerCollector:
         )
         preemptions.add_metric(self._labels, float(stats.get("num_preemptions", 0)))
         yield preemptions
+        for name, key, doc in (
+            (
+                "kv_events_published",
+                "kv_events_published",
+                "Prefix-cache event batches published (--kv-events-endpoint).",
+            ),
+            ("kv_events_dropped", "kv_events_dropped", "Prefix-cache event batches dropped: the sender was behind."),
+        ):
+            counter = CounterMetricFamily(f"trillium:{name}", doc, labels=["model_name"])
+            counter.add_metric(self._labels, float(stats.get(key, 0)))
+            yield counter
         # Speculative decoding, vLLM's names.
         for name, key, doc in (
             ("spec_decode_num_drafts", "spec_num_drafts", "Verify rows: a request speculating in a step."),

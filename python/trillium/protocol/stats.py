@@ -38,6 +38,8 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     spec_disable_by_batch_size: int = 0  # no request speculates once this many run (0: speculation off)
     spec_draft_num_free_blocks: int = 0  # method draft: the draft model's own KV pool (0: none)
     spec_draft_num_total_blocks: int = 0
+    kv_events_published: int = 0  # --kv-events-endpoint: prefix-cache event batches sent (0: off)
+    kv_events_dropped: int = 0  # batches dropped because the sender was behind (the router sees a gap)
 
 
 class GrammarStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):

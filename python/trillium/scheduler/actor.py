@@ -71,6 +71,14 @@ class CacheEventSink(Protocol):
     def snapshot_wanted(self) -> bool:
         """True once when a new subscriber needs the whole cache (cleared, then every block)."""
 
+    @property
+    def num_sent(self) -> int:
+        """Batches handed to the wire so far (for /stats and /metrics)."""
+
+    @property
+    def num_dropped(self) -> int:
+        """Batches dropped so far because the sender was behind."""
+
 
 def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
     """Mailbox merge: a slow client gets the tokens of several steps in one delta (prompt
@@ -412,5 +420,7 @@ class SchedulerActor(Actor):
                 spec_disable_by_batch_size=self.policy.spec_threshold,
                 spec_draft_num_free_blocks=drafter.num_free_blocks if drafter is not None else 0,
                 spec_draft_num_total_blocks=drafter.num_total_blocks if drafter is not None else 0,
+                kv_events_published=self.cache_events.num_sent if self.cache_events is not None else 0,
+                kv_events_dropped=self.cache_events.num_dropped if self.cache_events is not None else 0,
             )
         )
