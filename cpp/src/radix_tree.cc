@@ -384,16 +384,7 @@ Status RadixTree::insert(NamespaceId ns, const TokenId* tokens, size_t num_token
     l.last_access = tick;
     link_child(deepest, leaf);
     for (BlockId b : nodes_[leaf].blocks) block_owner_[b] = leaf;
-    if (record_events_) {
-      const Node& up = nodes_[deepest];
-      CacheEvent ev;
-      ev.kind = CacheEvent::Kind::kStored;
-      ev.ns = ns;
-      ev.block_ids = nodes_[leaf].blocks;
-      ev.parent_block_id = up.is_root ? BlockId{-1} : up.blocks.back();
-      ev.tokens = nodes_[leaf].tokens;
-      events_.push_back(std::move(ev));
-    }
+    if (record_events_) journal_stored(leaf);
     num_cached_blocks_ += n_full - matched;
     stats_.num_inserted_blocks += static_cast<uint64_t>(n_full - matched);
   }
@@ -410,17 +401,20 @@ void RadixTree::set_record_events(bool on) {
 void RadixTree::journal_cached() {
   if (!record_events_) return;
   for (NodeIndex n : preorder()) {  // parents first: each event's parent block is already stated
-    const Node& node = nodes_[n];
-    if (node.is_root || node.blocks.empty()) continue;
-    const Node& up = nodes_[node.parent];
-    CacheEvent ev;
-    ev.kind = CacheEvent::Kind::kStored;
-    ev.ns = node.ns;
-    ev.block_ids = node.blocks;
-    ev.parent_block_id = up.is_root ? BlockId{-1} : up.blocks.back();
-    ev.tokens = node.tokens;
-    events_.push_back(std::move(ev));
+    if (!nodes_[n].is_root && !nodes_[n].blocks.empty()) journal_stored(n);
   }
+}
+
+void RadixTree::journal_stored(NodeIndex n) {
+  const Node& node = nodes_[n];
+  const Node& up = nodes_[node.parent];
+  CacheEvent ev;
+  ev.kind = CacheEvent::Kind::kStored;
+  ev.ns = node.ns;
+  ev.block_ids = node.blocks;
+  ev.parent_block_id = up.is_root ? BlockId{-1} : up.blocks.back();
+  ev.tokens = node.tokens;
+  events_.push_back(std::move(ev));
 }
 
 std::vector<CacheEvent> RadixTree::take_events() {

@@ -218,6 +218,8 @@ class RadixTree {
   NodeIndex split(NodeIndex n, int32_t k);
   // Moves n's last count blocks into *out and forgets them (no allocator call).
   void drop_tail(NodeIndex n, int32_t count, std::vector<BlockId>* out);
+  // Journals n's whole edge as one kStored event, its parent's last block as the parent block.
+  void journal_stored(NodeIndex n);
   // Detaches an empty leaf from its parent and releases it; an empty root goes too.
   void remove_leaf(NodeIndex n);
   // Number of trailing blocks of n whose allocator ref count is exactly 1.

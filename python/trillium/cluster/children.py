@@ -3,6 +3,7 @@ line by line to the launcher's stderr under its name, stopped with SIGTERM (drai
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -22,8 +23,12 @@ class Child:
         self.argv = list(argv)
         self.cores = tuple(cores) if cores else None
         self.process: trio.Process | None = None
-        self.tail: list[str] = []  # its last output lines
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)  # its last output lines
         self._exited = trio.Event()
+
+    def last_lines(self, n: int) -> str:
+        """Its last ``n`` output lines (at most TAIL_LINES), for an error message."""
+        return "\n".join(list(self._tail)[-n:])
 
     @property
     def pid(self) -> int | None:
@@ -98,6 +103,6 @@ class Child:
 
     def _emit(self, raw: bytes) -> None:
         line = raw.decode(errors="replace").rstrip("\r")
-        self.tail = [*self.tail[-(TAIL_LINES - 1) :], line]
+        self._tail.append(line)
         sys.stderr.write(f"[{self.name}] {line}\n")
         sys.stderr.flush()

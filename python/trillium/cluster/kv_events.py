@@ -89,12 +89,10 @@ class EventBatch(msgspec.Struct, array_like=True):
     data_parallel_rank: int | None = None
 
 
-def to_wire(events: list[CacheEvent], namespace: int, block_size: int) -> list[KVEvent]:
-    """The journal's events in ``namespace`` as wire events (others are left out)."""
+def to_wire(events: list[CacheEvent], block_size: int) -> list[KVEvent]:
+    """The journal's events as wire events."""
     out: list[KVEvent] = []
     for event in events:
-        if event.namespace != namespace:
-            continue
         if event.kind == "stored":
             parent = event.parent_block_id
             out.append(BlockStored(event.block_ids, None if parent < 0 else parent, event.tokens, block_size))
@@ -104,7 +102,7 @@ def to_wire(events: list[CacheEvent], namespace: int, block_size: int) -> list[K
 
 
 class KVEventPublisher:
-    """Binds a ZMQ PUB socket at ``endpoint`` (e.g. ``tcp://*:5557``) and publishes prefix-cache
+    """Binds a ZMQ XPUB socket at ``endpoint`` (e.g. ``tcp://*:5557``) and publishes prefix-cache
     events of one namespace on it from a daemon thread.
 
     ``namespace`` may be set after construction (the engine binds the socket before it loads the
@@ -147,9 +145,9 @@ class KVEventPublisher:
     def publish(self, events: list[CacheEvent]) -> None:
         """Queue one journal (``RadixTree.take_events()``): its events in this namespace, converted
         to wire events on the sender thread (a journal with none is not sent)."""
-        mine = [e for e in events if e.namespace == self.namespace]
+        mine: Pending = [e for e in events if e.namespace == self.namespace]
         if mine:
-            self._put(list(mine))
+            self._put(mine)
 
     def snapshot_wanted(self) -> bool:
         """True once after a subscriber joined: the caller then sends :meth:`cleared` and the
@@ -206,7 +204,7 @@ class KVEventPublisher:
             cleared = isinstance(batch[0], AllBlocksCleared)
             journal = [e for e in batch if not isinstance(e, AllBlocksCleared)]
             events: list[KVEvent] = [AllBlocksCleared()] if cleared else []
-            events += to_wire(journal, self.namespace, self.block_size)
+            events += to_wire(journal, self.block_size)
             payload = encoder.encode(EventBatch(time.time(), events))
             try:
                 self._socket.send_multipart([b"", seq.to_bytes(8, "big"), payload])

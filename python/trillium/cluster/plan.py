@@ -133,7 +133,7 @@ def router_argv(config: ClusterConfig, replicas: list[ReplicaSpec], *, model: st
         # At temperature 0 the router breaks ties (every replica idle, no replica caching the
         # prompt) by list order, so every new prefix lands on the first replica, which thrashes
         # while the others idle (bench/cluster.py --streams 1: all 128 requests on replica 0). A
-        # small temperature spreads ties at random and still picks a cached replica (its cost is
-        # lower by the prefix's whole prefill) all but never.
+        # small temperature spreads ties at random and all but always still picks the replica that
+        # caches the prompt (its cost is lower by the prefix's whole prefill).
         argv += ["--router-temperature", str(KV_AWARE_TEMPERATURE)]
     return argv + list(config.router_args)

@@ -122,7 +122,7 @@ class Cluster:
 
     async def _first_ready(self, replica: Replica, scope: trio.CancelScope) -> None:
         if not await self._ready(replica):
-            self.failure = f"{replica.spec.name} did not become ready:\n" + "\n".join(replica.child.tail[-15:])
+            self.failure = f"{replica.spec.name} did not become ready:\n" + replica.child.last_lines(15)
             scope.cancel()
 
     async def _ready(self, replica: Replica) -> bool:
@@ -147,7 +147,7 @@ class Cluster:
                 if await self._get_ok(f"{self.config.url}/v1/models"):
                     return True
                 await trio.sleep(POLL_S)
-        self.failure = "the router did not start:\n" + "\n".join(self.router.tail[-15:])
+        self.failure = "the router did not start:\n" + self.router.last_lines(15)
         self.router.kill()
         return False
 

@@ -61,24 +61,15 @@ class _SchedulerCollector:
                 gauge = GaugeMetricFamily(f"{prefix}:{name}", doc, labels=["model_name"])
                 gauge.add_metric(self._labels, float(stats.get(key, 0)))
                 yield gauge
-        preemptions = CounterMetricFamily(
-            "trillium:num_preemptions", "Requests preempted (recompute).", labels=["model_name"]
-        )
-        preemptions.add_metric(self._labels, float(stats.get("num_preemptions", 0)))
-        yield preemptions
         for name, key, doc in (
+            ("num_preemptions", "num_preemptions", "Requests preempted (recompute)."),
             (
                 "kv_events_published",
                 "kv_events_published",
                 "Prefix-cache event batches published (--kv-events-endpoint).",
             ),
             ("kv_events_dropped", "kv_events_dropped", "Prefix-cache event batches dropped: the sender was behind."),
-        ):
-            counter = CounterMetricFamily(f"trillium:{name}", doc, labels=["model_name"])
-            counter.add_metric(self._labels, float(stats.get(key, 0)))
-            yield counter
-        # Speculative decoding, vLLM's names.
-        for name, key, doc in (
+            # Speculative decoding, vLLM's names.
             ("spec_decode_num_drafts", "spec_num_drafts", "Verify rows: a request speculating in a step."),
             ("spec_decode_num_draft_tokens", "spec_num_draft_tokens", "Draft tokens proposed."),
             ("spec_decode_num_accepted_tokens", "spec_num_accepted_tokens", "Draft tokens accepted."),

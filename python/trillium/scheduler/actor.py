@@ -159,7 +159,7 @@ class SchedulerActor(Actor):
                 else:
                     await self._release_finished()
                     # Idle with a cache-event sink: look up every IDLE_TICK_S, so a subscriber
-                    # that joins while no request runs gets its snapshot (in _publish_stats).
+                    # that joins while no request runs gets its snapshot (_publish_cache_events).
                     with trio.move_on_after(IDLE_TICK_S if self.cache_events is not None else math.inf):
                         message = await self._inbox.receive()
                         self.took_message()
@@ -376,18 +376,26 @@ class SchedulerActor(Actor):
 
     # ---- introspection (for /stats, /metrics, tests and benchmarks) ----------------------------
 
+    def _publish_cache_events(self) -> None:
+        """Hand the prefix cache's journal to ``cache_events``; and the whole cache, after a
+        clear, when a new subscriber asked for it."""
+        tree = self.policy.kv.tree
+        if self.cache_events is None or tree is None:
+            return
+        events = tree.take_events()
+        if events:
+            self.cache_events.publish(events)
+        if self.cache_events.snapshot_wanted():
+            self.cache_events.cleared()
+            tree.journal_cached()
+            self.cache_events.publish(tree.take_events())
+
     def _publish_stats(self) -> None:
-        """Publish the counters as a new immutable snapshot (a few microseconds), and the prefix
-        cache's changes since the last call to ``cache_events``."""
+        """Publish the counters as a new immutable snapshot (a few microseconds), after the prefix
+        cache's changes since the last call (:meth:`_publish_cache_events`): both are due at the
+        same moments."""
+        self._publish_cache_events()
         kv = self.policy.kv
-        if self.cache_events is not None and kv.tree is not None:
-            events = kv.tree.take_events()
-            if events:
-                self.cache_events.publish(events)
-            if self.cache_events.snapshot_wanted():
-                self.cache_events.cleared()
-                kv.tree.journal_cached()
-                self.cache_events.publish(kv.tree.take_events())
         filler = self.bitmask_filler
         spec = self.policy.spec_stats
         # A draft model's pool (speculative.draft), read between steps: a count, not a structure.
