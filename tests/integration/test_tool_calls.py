@@ -166,3 +166,50 @@ def test_bad_tool_requests_name_the_field(http, body, param):
     r = http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+PAINT = {
+    "type": "object",
+    "properties": {
+        "colors": {
+            "type": "array",
+            "items": {"enum": ["red", "green", "blue", "cyan"]},
+            "minItems": 3,
+            "maxItems": 4,
+            "uniqueItems": True,
+        },
+        "label": {"type": "string", "maxLength": 12, "not": {"pattern": "^[aeiou]"}},
+    },
+    "required": ["colors", "label"],
+}
+
+
+def test_tool_schema_keywords_beyond_the_grammar_are_enforced(openai_client, http):
+    """``uniqueItems`` and ``not`` in a tool's parameters (no grammar expresses them; refused with
+    a 400 before): checked as the call is generated, so every call's arguments validate; streamed,
+    the calls are the same (what a check takes back was never sent)."""
+    kwargs = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Paint the fence in three colors and label it."}],
+        "tools": [{"type": "function", "function": {"name": "paint", "parameters": PAINT}}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 1.0,
+        "seed": 3,
+        "n": 8,
+        "max_tokens": 120,
+    }
+    before = http.get("/stats").json()["num_rejected_tokens"]
+    whole = openai_client.chat.completions.create(**kwargs)
+    for choice in whole.choices:
+        assert choice.finish_reason == "tool_calls", choice
+        (call,) = choice.message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), PAINT)
+    # the model did repeat a color or start a label with a vowel, and the checks took it back
+    assert http.get("/stats").json()["num_rejected_tokens"] > before
+    streamed: dict[int, str] = {}
+    for chunk in openai_client.chat.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                streamed[choice.index] = streamed.get(choice.index, "") + (delta.function.arguments or "")
+    assert streamed == {c.index: c.message.tool_calls[0].function.arguments for c in whole.choices}

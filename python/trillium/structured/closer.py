@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import llguidance
 
-from trillium.structured.value_checks import ValueChecker
+from trillium.structured.call_checks import Checker
 
 # Single characters, most preferred first (see the module docstring). The tail is every other
 # printable ASCII character, for grammars that are not JSON.
@@ -71,7 +71,7 @@ class Closer:
         matcher: llguidance.LLMatcher,
         limit: int = MAX_CHARS,
         variant: int = 0,
-        checker: ValueChecker | None = None,
+        checker: Checker | None = None,
         in_string: bool = False,
     ) -> list[int] | None:
         """Tokens that take ``matcher`` (not modified) to a state where the output is complete, or
@@ -127,9 +127,7 @@ class Closer:
             return merged
         return chars
 
-    def _pick_checked(
-        self, m: llguidance.LLMatcher, alphabet: list[int], checker: ValueChecker
-    ) -> tuple[int, ValueChecker]:
+    def _pick_checked(self, m: llguidance.LLMatcher, alphabet: list[int], checker: Checker) -> tuple[int, Checker]:
         """The first allowed character that the value checks also pass, and the checker after it."""
         for token in alphabet:
             if m.validate_tokens([token]) != 1:

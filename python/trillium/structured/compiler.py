@@ -13,17 +13,19 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import llguidance
 
 from trillium.protocol import SamplingParamError, SamplingParams, StructuredOutputs
 from trillium.protocol.structured import JSON_OPTIONS
+from trillium.structured.call_checks import CallChecks, prepare_call_grammar
 from trillium.structured.closer import Closer
 from trillium.structured.guard import CompletionIndex, OutputGuard
 from trillium.structured.matcher import GrammarMatcher
 from trillium.structured.schema_rewrite import prepare_schema
-from trillium.structured.value_checks import CheckNode
+from trillium.structured.value_checks import CheckNode, ValueChecker
 
 if TYPE_CHECKING:
     import tokenizers
@@ -105,17 +107,20 @@ class CompiledGrammar:
         kind: str,
         template: llguidance.LLMatcher,
         closer: Closer | None = None,
-        checks: CheckNode | None = None,
+        checks: CheckNode | CallChecks | None = None,
         completion_index: CompletionIndex | None = None,
+        token_bytes: Callable[[int], bytes] | None = None,
     ) -> None:
         self.key = key  # content hash of (kind, normalized text)
         self.kind = kind
         self._template = template  # never advanced: only deep-copied
         self.closer = closer  # JSON constraints: how outputs are closed before max_tokens
         # The schema's keywords the grammar could not express, checked as values complete
-        # (``guard``); None when the grammar enforces the whole constraint.
+        # (``guard``): a JSON Schema's, or a tool-call grammar's calls'; None when the grammar
+        # enforces the whole constraint. ``token_bytes`` comes with them.
         self.checks = checks
         self._completion_index = completion_index
+        self._token_bytes = token_bytes
         # Tokens of the shortest complete output the closer finds from the start (0: no closer):
         # a smaller max_tokens could not be closed in time.
         closing = closer.closing(template) if closer is not None else None
@@ -136,8 +141,10 @@ class CompiledGrammar:
         """A fresh matcher; ``close=False`` opts out of closing the output early."""
         guard = None
         if self.checks is not None:
-            assert self.closer is not None  # checks come only with JSON constraints, which have one
-            guard = OutputGuard(self.checks, self.closer.token_bytes, self._completion_index)
+            assert self._token_bytes is not None  # given with the checks
+            checks = self.checks
+            new_checker = checks.new_checker if isinstance(checks, CallChecks) else lambda: ValueChecker(checks)
+            guard = OutputGuard(new_checker, self._token_bytes, self._completion_index)
         return GrammarMatcher(self._template.deep_copy(), self.closer if close else None, guard)
 
 
@@ -178,13 +185,15 @@ class GrammarCompiler:
         if hit is not None:
             return hit
         digest, kind, text = self.key_of(constraint)
-        checks = None
-        if kind == "json":  # keywords llguidance cannot compile are relaxed out and checked
-            try:
+        checks: CheckNode | CallChecks | None = None
+        try:  # keywords llguidance cannot compile are relaxed out and checked
+            if kind == "json":
                 prepared = prepare_schema(json.loads(text))
-            except ValueError as exc:  # unsatisfiable, or a keyword not even a check enforces
-                raise GrammarError(_describe(kind, str(exc))) from None
-            text, checks = json.dumps(prepared.grammar_schema, ensure_ascii=False), prepared.root
+                text, checks = json.dumps(prepared.grammar_schema, ensure_ascii=False), prepared.root
+            elif kind == "grammar":  # a tool-call grammar's calls (others come back as they are)
+                text, checks = prepare_call_grammar(text)
+        except ValueError as exc:  # unsatisfiable, or a keyword not even a check enforces
+            raise GrammarError(_describe(kind, str(exc))) from None
         template = llguidance.LLMatcher(
             self.ll_tokenizer, _to_llguidance(kind, text), log_level=0, limits=PARSER_LIMITS
         )
@@ -199,6 +208,7 @@ class GrammarCompiler:
             self.closer if kind == "json" else None,
             checks,
             self._completion_index,
+            self.closer.token_bytes,
         )
         with self._lock:
             self._cache[digest] = compiled

@@ -31,7 +31,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from trillium.structured.value_checks import CheckFailure, CheckNode, ValueChecker
+from trillium.structured.call_checks import Checker
+from trillium.structured.value_checks import CheckFailure
 
 MAX_VALUE_RETRIES = 32  # failed checks of one value before the request ends in an error
 # After this many failed checks of one value, the retry starts the value over (its first token
@@ -63,11 +64,16 @@ class OutputGuard:
     """Checks, bans and held-back output of one request."""
 
     def __init__(
-        self, root: CheckNode, token_bytes: Callable[[int], bytes], index: CompletionIndex | None = None
+        self,
+        new_checker: Callable[[], Checker],
+        token_bytes: Callable[[int], bytes],
+        index: CompletionIndex | None = None,
     ) -> None:
+        """``new_checker``: a fresh checker of the whole output (a ``ValueChecker`` of the schema's
+        checks, or a ``CallsChecker`` of a tool-call grammar's)."""
         self._index = index
-        self._root = root
-        self.checker = ValueChecker(root)
+        self._new_checker = new_checker
+        self.checker = new_checker()
         self._token_bytes = token_bytes
         self.ends: list[int] = []  # byte end of each output token the checker saw
         self.bans: dict[int, set[int]] = {}
@@ -96,7 +102,7 @@ class OutputGuard:
 
     def accepts(self, output_token_ids: list[int]) -> bool:
         """Whether the whole output ``output_token_ids`` (a closed one) passes every check."""
-        checker = ValueChecker(self._root)
+        checker = self._new_checker()
         data = b"".join(self._token_bytes(t) for t in output_token_ids)
         return checker.feed(data) is None and checker.finish() is None
 
@@ -123,7 +129,7 @@ class OutputGuard:
         if self._index is None or not output_token_ids:
             return []
         *before, last = output_token_ids
-        checker = ValueChecker(self._root)
+        checker = self._new_checker()
         checker.feed(b"".join(self._token_bytes(t) for t in before))
         data = self._token_bytes(last)
         for j in range(len(data)):
@@ -135,7 +141,7 @@ class OutputGuard:
         """Index of the output token holding byte ``byte_offset``."""
         return bisect.bisect_right(self.ends, byte_offset)
 
-    def checker_copy(self) -> ValueChecker:
+    def checker_copy(self) -> Checker:
         """A copy of the checker as it stands (for trying closings)."""
         return self.checker.copy()
 

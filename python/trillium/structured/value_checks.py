@@ -247,12 +247,16 @@ class CheckNode:
         return child
 
 
+NOT_JSON = "the output is not JSON"
+
+
 @dataclass(frozen=True, slots=True)
 class CheckFailure:
     """The output violates the schema. ``value_start`` is the byte offset (in the whole output) of
     the first byte of the value that failed: for a duplicate item or an object member past
     ``maxProperties`` that is the item or the member's key, otherwise the value whose check failed.
-    Output before it is a prefix that this check alone does not rule out."""
+    Output before it is a prefix that this check alone does not rule out. Messages of output that
+    does not parse start with :data:`NOT_JSON` (a grammar never lets that happen)."""
 
     message: str
     value_start: int
@@ -296,12 +300,15 @@ _UNSET: Any = object()
 
 class ValueChecker:
     """Parses one request's output (compact JSON, token by token) and runs the checks of
-    ``root`` as values complete. Not thread-safe; one per request. After a failure the state is
-    undefined (feed keeps returning the failure) until :meth:`reset`; to roll back, ``reset()``
-    and feed the kept bytes again."""
+    ``root`` (None: parse only) as values complete. Not thread-safe; one per request. After a
+    failure the state is undefined (feed keeps returning the failure) until :meth:`reset`; to roll
+    back, ``reset()`` and feed the kept bytes again. ``trailing``: bytes after the complete value
+    (``value_end``) are left unparsed -- a tool call's object is followed by the call's closing
+    text -- instead of failing as not JSON."""
 
-    def __init__(self, root: CheckNode) -> None:
+    def __init__(self, root: CheckNode | None, *, trailing: bool = False) -> None:
         self._root = root
+        self._trailing = trailing
         self.reset()
 
     def reset(self) -> None:
@@ -314,6 +321,7 @@ class ValueChecker:
         self._is_key = False
         self._literal_left = 0
         self._failure: CheckFailure | None = None
+        self.value_end: int | None = None  # offset past the top-level value, once it is complete
 
     def copy(self) -> ValueChecker:
         """An independent checker in the same state (the nodes are shared: they are immutable)."""
@@ -378,6 +386,8 @@ class ValueChecker:
         pos = self._pos
         while pos < end:
             state = self._state
+            if state == _END and self._trailing:
+                break
             if state == _STRING:
                 stop = _STRING_STOP.search(buf, pos)
                 if stop is None:
@@ -442,7 +452,7 @@ class ValueChecker:
                 return None
             if byte == (0x7D if frame.is_object else 0x5D):
                 return self._close(pos, frame.is_object)
-        return CheckFailure(f"the output is not JSON: unexpected {chr(byte)!r} at byte {pos}", pos)
+        return CheckFailure(f"{NOT_JSON}: unexpected {chr(byte)!r} at byte {pos}", pos)
 
     def _start_value(self, byte: int, pos: int) -> CheckFailure | None:
         if self._stack:
@@ -469,7 +479,7 @@ class ValueChecker:
             self._state = _LITERAL
             self._literal_left = _LITERAL_LEN[byte] - 1
         else:
-            return CheckFailure(f"the output is not JSON: unexpected {chr(byte)!r} at byte {pos}", pos)
+            return CheckFailure(f"{NOT_JSON}: unexpected {chr(byte)!r} at byte {pos}", pos)
         return None
 
     def _end_string(self, end: int) -> CheckFailure | None:
@@ -487,7 +497,7 @@ class ValueChecker:
             return CheckFailure(f"the object has more than {node.max_properties} properties", frame.member_start)
         key = self._load(frame.member_start, end)
         if not isinstance(key, str):
-            return CheckFailure("the output is not JSON", frame.member_start)
+            return CheckFailure(NOT_JSON, frame.member_start)
         frame.child = node.child_for_key(key)
         return None
 
@@ -511,11 +521,12 @@ class ValueChecker:
         value = _UNSET
         if node is not None and node.whole:
             value = self._load(start, end)
-            message = node.check(value) if value is not _UNSET else "the output is not JSON"
+            message = node.check(value) if value is not _UNSET else NOT_JSON
             if message is not None:
                 return CheckFailure(message, start)
         if not self._stack:
             self._state = _END
+            self.value_end = end
             return None
         self._state = _AFTER
         parent = self._stack[-1]
@@ -525,7 +536,7 @@ class ValueChecker:
         if parent.node is not None and parent.node.unique_items:
             value = self._load(start, end) if value is _UNSET else value
             if value is _UNSET:
-                return CheckFailure("the output is not JSON", start)
+                return CheckFailure(NOT_JSON, start)
             canonical = json_key(value)
             if canonical in parent.seen:
                 return CheckFailure("the array's items must be unique: this item repeats an earlier one", start)

@@ -4,7 +4,10 @@
 several), each an object ``{"name": <one of the tools>, "arguments": <that tool's parameters
 schema>}`` in the model's format, so arguments always parse and validate. ``auto``: any text
 that does not contain the call opener, or text followed by well-formed calls (the opener starts
-one). The frontend compiles the result like any ``structured_outputs.grammar``.
+one). The frontend compiles the result like any ``structured_outputs.grammar``; its first line
+names the format (``structured/call_checks.py``), so that keywords of a tool's schema that no
+grammar expresses (``uniqueItems``, ``not``, ...) are relaxed out and checked as each call is
+generated, as for a JSON Schema constraint.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 from typing import Any
 
 from trillium.protocol.structured import JSON_OPTIONS
+from trillium.structured.call_checks import CALLS_HEADER
 from trillium.tools.formats import ToolFormat
 from trillium.tools.spec import FunctionTool, ToolChoice
 
@@ -28,15 +32,15 @@ def tool_grammar(
         return None
     offered = [t for t in tools if choice.mode != "function" or t.name == choice.name]
     args_key = "parameters" if fmt.name == "llama3_json" else "arguments"
-    lines = [f"fn: {' | '.join(f'fn_{i}' for i in range(len(offered)))}"]
+    lines = [CALLS_HEADER + fmt.name, f"fn: {' | '.join(f'fn_{i}' for i in range(len(offered)))}"]
     lines += [
         f"fn_{i}: %json {json.dumps(_call_schema(t, args_key), ensure_ascii=False)}" for i, t in enumerate(offered)
     ]
     if fmt.name == "llama3_json":
         calls = 'fn (";" fn)*' if parallel else "fn"
         if choice.mode == "auto":
-            return "\n".join([f"start: TEXT | {calls}", r"TEXT: /[^{](?s:.*)/", *lines])
-        return "\n".join([f"start: {calls}", *lines])
+            return "\n".join([*lines, f"start: TEXT | {calls}", r"TEXT: /[^{](?s:.*)/"])
+        return "\n".join([*lines, f"start: {calls}"])
     if special_tags:
         opener, body = "<tool_call>", 'call_body: "\\n" fn "\\n" </tool_call>'
     else:
@@ -50,8 +54,8 @@ def tool_grammar(
         else:
             start = f"start: TEXT | head call_body{rest}\nhead[lazy]: /(?s:.*)<tool_call>/"
             text = r"TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/"
-        return "\n".join([start, text, r"SEP: /\n/", body, *lines])
-    return "\n".join([f"start: {opener} call_body{rest}", r"SEP: /\n/", body, *lines])
+        return "\n".join([*lines, start, text, r"SEP: /\n/", body])
+    return "\n".join([*lines, f"start: {opener} call_body{rest}", r"SEP: /\n/", body])
 
 
 def _call_schema(tool: FunctionTool, args_key: str) -> dict[str, Any]:
