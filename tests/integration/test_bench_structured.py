@@ -45,3 +45,14 @@ def test_steps_compares_free_and_constrained_runs():
     assert line["free"]["steps"] > 0 and line["json_schema"]["steps"] > 0
     assert "overhead_pct" in line and line["json_schema"]["wait_ms_per_step"] >= 0
     assert line["checked"]["tokens"] == 8 and "checks_overhead_pct" in line
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason="JSONSchemaBench data not present")
+def test_server_run_reports_outcomes_and_health_latency():
+    bench = os.path.join(os.path.dirname(BENCH), "structured_server.py")
+    out = subprocess.run([sys.executable, bench, "--quick"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    assert line["requests"] == 6 == sum(line["outcomes"].values())
+    assert "timeout" not in line["outcomes"] and not any("stop unparsable" in k for k in line["outcomes"])
+    assert set(line["health_ms"]) == {"p50", "p99", "max"} and line["health_ms"]["max"] is not None

@@ -14,6 +14,8 @@ from trillium import _core
 from trillium.protocol import SamplingParams, StructuredOutputs
 from trillium.scheduler import Request
 from trillium.scheduler.kv_manager import KVBlockManager
+from trillium.structured.closer import SearchBudget
+from trillium.structured.value_checks import checks_run
 
 SCHEMAS = {
     "nested": (
@@ -112,3 +114,27 @@ def test_held_output_is_released_with_its_logprobs_once_its_checks_pass(tok, com
             assert not tokens
     assert delivered == output
     assert [entry[0] for entry in logprobs] == [float(-s) for s in range(len(pieces))]  # aligned with the tokens
+
+
+def test_a_checked_closing_search_stops_when_its_budget_is_spent(tok, compiler):
+    """The scheduler's search for a closing that passes the value checks runs on the event loop:
+    bounded in checks (counted with memoized ones) and in seconds (closer.SearchBudget)."""
+    schema = {
+        "type": "array",
+        "items": {"type": "string"},
+        "minItems": 3,
+        "uniqueItems": True,  # checked as each item completes
+        "contains": {"type": "string", "minLength": 2},  # checked (jsonschema) when the array does
+    }
+    grammar = compiler.compile(StructuredOutputs(json=schema))
+    matcher = grammar.new_matcher()
+    for t in tok.encode('["a","b",'):
+        assert matcher.accept(t) and matcher.guard.feed(t) is None
+    closing = matcher.closing(checked=True, budget=SearchBudget(10_000, 60.0))
+    assert closing is not None  # not "a" or "b", which repeat an item
+    jsonschema.validate(json.loads(tok.decode(tok.encode('["a","b",') + closing)), schema)
+    assert matcher.closing(checked=True, budget=SearchBudget(0, 60.0)) is None
+    assert matcher.closing(checked=True, budget=SearchBudget(10_000, 0.0)) is None
+    before = checks_run()
+    matcher.closing(checked=True, budget=SearchBudget(10_000, 60.0))
+    assert checks_run() > before  # every check counts, memoized ones too (the same search again)

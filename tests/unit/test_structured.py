@@ -23,7 +23,7 @@ from trillium.protocol import (
     StructuredOutputs,
 )
 from trillium.runtime import Mailbox, open_inbox
-from trillium.scheduler import SchedulerConfig
+from trillium.scheduler import Request, SchedulerConfig, SchedulerPolicy
 from trillium.scheduler.actor import SchedulerActor, merge_deltas
 from trillium.scheduler.kv_manager import KVBlockManager
 from trillium.structured import BitmaskFiller, GrammarCompiler, GrammarError, build_ll_tokenizer
@@ -437,3 +437,55 @@ def test_a_draft_past_the_parsers_limit_leaves_the_request_able_to_go_on(tok, mo
         assert tripped > 0, "the limit never tripped inside a draft fill: the test proves nothing"
     finally:
         filler.close()
+
+
+# llguidance's relaxed grammar of this schema (JSONSchemaBench Handwritten dep5) admits `{"d":...},`
+# and then no key at all: a dead end, where its mask allows only EOS.
+DEAD_END = {
+    "type": "object",
+    "patternProperties": {"^[a-d]$": True},
+    "additionalProperties": False,
+    "allOf": [
+        {
+            "dependencies": {
+                "a": {"anyOf": [{"required": ["b"]}, {"required": ["c"]}]},
+                "b": {"not": {"required": ["a"]}},
+                "c": {"not": {"required": ["a"]}},
+            }
+        },
+        {"required": ["d"]},
+    ],
+    "minProperties": 3,
+}
+
+
+@pytest.mark.parametrize("checks", [False, True], ids=["grammar only", "with checks"])
+def test_a_grammar_dead_end_never_ends_as_a_complete_output(tok, compiler, checks):
+    """Where the grammar can go no further and the output is not complete, EOS (the only token
+    llguidance then allows) must not end the request as if it were: with value checks the token
+    that led there is taken back and banned there, without them the request fails saying why --
+    never finish_reason stop on JSON that does not parse."""
+    schema = DEAD_END | ({"properties": {"b": {"type": "array", "uniqueItems": True}}} if checks else {})
+    grammar = compiler.compile(StructuredOutputs(json=schema))
+    assert (grammar.checks is not None) == checks
+    eos = min(tok.eos_token_ids)
+    policy = SchedulerPolicy(
+        SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset(tok.eos_token_ids)),
+        KVBlockManager(_core.BlockAllocator(64), BLOCK),
+    )
+    request = Request(
+        "r", tok.encode("x"), SamplingParams(max_tokens=60, structured=StructuredOutputs(json=schema)), 60
+    )
+    request.matcher = grammar.new_matcher()
+    *head, last = tok.encode('{"d":{"x":1},')
+    for t in head:
+        assert policy._append(request, [t]) == ([t], None, None)
+    assert policy._append(request, [last]) == ([last], None, None)  # llguidance finds the dead end later:
+    assert request.matcher.bitmask() == (1 << eos).to_bytes(len(request.matcher.bitmask()), "little")  # EOS only
+    _, reason, error = policy._append(request, [eos])
+    if checks:
+        assert (reason, error) == (None, None) and request.output_token_ids == head  # taken back to before ","
+        assert last in request.matcher.guard.bans[len(head)]
+        assert request.matcher.bitmask() != (1 << eos).to_bytes(len(request.matcher.bitmask()), "little")
+    else:
+        assert reason == FinishReason.ERROR and "no continuation" in error

@@ -24,9 +24,12 @@ closing length (``scheduler.policy``), not every step.
 
 from __future__ import annotations
 
+import time
+
 import llguidance
 
 from trillium.structured.call_checks import Checker
+from trillium.structured.value_checks import checks_run
 
 # Single characters, most preferred first (see the module docstring). The tail is every other
 # printable ASCII character, for grammars that are not JSON.
@@ -35,6 +38,20 @@ MAX_REPEAT = 4
 PROGRESS_CANDIDATES = 32  # allowed characters tried for progress (each costs a mask, ~20 µs)
 NUM_VARIANTS = 8
 MAX_CHARS = 1024  # a closing longer than this is not attempted (no allowance is that large)
+
+
+class SearchBudget:
+    """What a checked closing search may still spend: value checks (counted with the memoized
+    ones, so where it stops does not depend on other requests) and, since one check of a
+    recursive schema can take milliseconds, seconds (the search runs on the event loop)."""
+
+    def __init__(self, max_checks: int, seconds: float) -> None:
+        self._stop_checks = checks_run() + max_checks
+        self._deadline = time.perf_counter() + seconds
+
+    @property
+    def spent(self) -> bool:
+        return checks_run() >= self._stop_checks or time.perf_counter() >= self._deadline
 
 
 class Closer:
@@ -73,14 +90,17 @@ class Closer:
         variant: int = 0,
         checker: Checker | None = None,
         in_string: bool = False,
+        budget: SearchBudget | None = None,
     ) -> list[int] | None:
         """Tokens that take ``matcher`` (not modified) to a state where the output is complete, or
         None when none was found within ``limit`` characters. [] if it is complete already.
         ``variant`` (0 .. NUM_VARIANTS - 1) picks other characters for the values it invents.
         ``checker`` (the request's value checks, as they stand; it is consumed): each character
         must also pass them -- a ``}`` that would leave out a property an ``if``/``then`` needs
-        gives way to ``,`` -- and the closed output too. ``in_string``: the output so far ends
-        inside a JSON string (``string_state``); False at the start of an output."""
+        gives way to ``,`` -- and the closed output too; ``budget``: None once it is spent (a
+        checked search over a recursive schema could otherwise hold the event loop for
+        seconds). ``in_string``: the output so far ends inside a JSON string
+        (``string_state``); False at the start of an output."""
         if matcher.is_error():
             return None
         if matcher.is_accepting():
@@ -105,7 +125,7 @@ class Closer:
                 last, repeats = -1, 0
                 continue
             if checker is not None:
-                choice, checker = self._pick_checked(m, alphabet, checker)
+                choice, checker = self._pick_checked(m, alphabet, checker, budget)
             elif repeats >= MAX_REPEAT:
                 choice = self._pick_progress(m, alphabet)
             else:
@@ -127,9 +147,14 @@ class Closer:
             return merged
         return chars
 
-    def _pick_checked(self, m: llguidance.LLMatcher, alphabet: list[int], checker: Checker) -> tuple[int, Checker]:
-        """The first allowed character that the value checks also pass, and the checker after it."""
+    def _pick_checked(
+        self, m: llguidance.LLMatcher, alphabet: list[int], checker: Checker, budget: SearchBudget | None
+    ) -> tuple[int, Checker]:
+        """The first allowed character that the value checks also pass, and the checker after it;
+        -1 if none does, or once ``budget`` is spent."""
         for token in alphabet:
+            if budget is not None and budget.spent:
+                break
             if m.validate_tokens([token]) != 1:
                 continue
             trial = checker.copy()

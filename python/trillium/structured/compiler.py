@@ -145,7 +145,7 @@ class CompiledGrammar:
             checks = self.checks
             new_checker = checks.new_checker if isinstance(checks, CallChecks) else lambda: ValueChecker(checks)
             guard = OutputGuard(new_checker, self._token_bytes, self._completion_index)
-        return GrammarMatcher(self._template.deep_copy(), self.closer if close else None, guard)
+        return GrammarMatcher(self._template.deep_copy(), self.closer if close else None, guard, self._template)
 
 
 class GrammarCompiler:
@@ -199,6 +199,10 @@ class GrammarCompiler:
         )
         if template.is_error():
             raise GrammarError(_describe(kind, template.get_error()))
+        probe = template.deep_copy()  # llguidance's lexer limits show at the first mask
+        probe.compute_bitmask()
+        if probe.is_error():
+            raise GrammarError(_describe(kind, f"the grammar is too complex to generate from: {probe.get_error()}"))
         if checks is not None and self._completion_index is None:
             self._completion_index = CompletionIndex(self.ll_tokenizer.vocab_size, self.closer.token_bytes)
         compiled = CompiledGrammar(

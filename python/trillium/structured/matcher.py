@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import llguidance
 
-from trillium.structured.closer import MAX_CHARS, Closer, string_state
+from trillium.structured.closer import MAX_CHARS, Closer, SearchBudget, string_state
 from trillium.structured.guard import OutputGuard
 
 # How llguidance words a per-token parser limit (LLParserLimits: max_items_in_row, step_max_items).
@@ -22,12 +22,17 @@ class GrammarMatcher:
     bookkeeping (the last closing's length in tokens, -1 before the first or when none exists,
     and the steps since it was computed)."""
 
-    __slots__ = ("_m", "_strings", "closer", "closing_age", "closing_length", "guard", "num_tokens")
+    __slots__ = ("_m", "_template", "_strings", "closer", "closing_age", "closing_length", "guard", "num_tokens")
 
     def __init__(
-        self, matcher: llguidance.LLMatcher, closer: Closer | None = None, guard: OutputGuard | None = None
+        self,
+        matcher: llguidance.LLMatcher,
+        closer: Closer | None = None,
+        guard: OutputGuard | None = None,
+        template: llguidance.LLMatcher | None = None,
     ) -> None:
         self._m = matcher
+        self._template = template  # the compiled grammar's pristine matcher (start_over), or None
         self.closer = closer
         self.guard = guard  # value checks of keywords the grammar cannot express, or None
         self.num_tokens = 0  # tokens consumed (the output's length, as far as the grammar saw it)
@@ -45,6 +50,29 @@ class GrammarMatcher:
         if ok and self.closer is not None:
             self._track([token_id])
         return ok
+
+    @property
+    def dead_end(self) -> bool:
+        """The last accepted token left the output where the grammar admits no continuation and
+        the output is not complete: llguidance stops the matcher in error (its own limits, or a
+        relaxed schema's branch it cannot finish), allowing only EOS. Such a token is to be
+        taken back (:meth:`start_over`), never the output ended as if complete."""
+        return self._m.is_error() or (self._m.is_stopped() and not self._m.is_accepting())
+
+    def start_over(self, token_ids: list[int]) -> bool:
+        """A fresh matcher advanced by ``token_ids``, in place of one at a dead end (which cannot
+        roll back). False if there is no template or it refuses the tokens."""
+        if self._template is None:
+            return False
+        m = self._template.deep_copy()
+        if token_ids and not m.consume_tokens(token_ids):
+            return False
+        self._m = m
+        self.num_tokens = len(token_ids)
+        self._strings = []
+        if self.closer is not None:
+            self._track(token_ids)
+        return True
 
     def validate(self, token_ids: list[int]) -> int:
         """How many of ``token_ids`` the grammar allows in a row from here (speculation's drafts
@@ -81,18 +109,21 @@ class GrammarMatcher:
         del self._strings[len(self._strings) - num_tokens :]
         return True
 
-    def closing(self, variant: int = 0, *, checked: bool = False, room: int | None = None) -> list[int] | None:
+    def closing(
+        self, variant: int = 0, *, checked: bool = False, room: int | None = None, budget: SearchBudget | None = None
+    ) -> list[int] | None:
         """The shortest tokens found that complete the output from here ([] if it is complete),
         or None (no closer, or none found). Consumes nothing. ``variant``: see ``Closer.closing``;
         ``checked``: the closing must also pass the guard's value checks (its checker must
-        stand where the output does); ``room``: the tokens it may take (the search stops at
-        4 characters a token: a longer closing could not fit)."""
+        stand where the output does), within ``budget`` (``Closer.closing``); ``room``:
+        the tokens it may take (the search stops at 4 characters a token: a longer closing could
+        not fit)."""
         if self.closer is None:
             return None
         checker = self.guard.checker_copy() if checked and self.guard is not None else None
         in_string = self._strings[-1][0] if self._strings else False
         limit = MAX_CHARS if room is None else 4 * room + 16
-        return self.closer.closing(self._m, limit, variant, checker, in_string)
+        return self.closer.closing(self._m, limit, variant, checker, in_string, budget)
 
     def bitmask(self) -> bytes:
         """The grammar's allowed tokens from here, one bit per token id (little-endian)."""

@@ -30,6 +30,9 @@ import referencing
 
 Resolver = Any  # a referencing Resolver: the package does not export the class
 
+MEMO_BYTES = 1 << 18  # JSON text of the values whose check results a node keeps
+_checks_run = 0  # checks_run()
+
 # Marks a node enforces itself without validating the whole value.
 _NATIVE_MARKS = frozenset({"uniqueItems", "minProperties", "maxProperties"})
 # Subschemas whose constraints depend on more than the position (which branch, which keys):
@@ -154,6 +157,8 @@ class CheckNode:
         "min_properties",
         "max_properties",
         "holds",
+        "_memo",
+        "_memo_bytes",
     )
 
     def __init__(
@@ -165,6 +170,8 @@ class CheckNode:
         self._validators: list[Any] | None = None
         self._keys: dict[str, CheckNode | None] = {}
         self._indexes: dict[int, CheckNode | None] = {}
+        self._memo: dict[bytes, str | None] = {}  # check_text's results by JSON text
+        self._memo_bytes = 0
         marks: set[str] = set()
         min_properties: list[int] = []
         max_properties: list[int] = []
@@ -202,6 +209,25 @@ class CheckNode:
                 where = "".join(f"[{step!r}]" for step in error.absolute_path)
                 return f"{error.message} (at value{where})" if where else error.message
         return None
+
+    def check_text(self, text: bytes) -> str | None:
+        """:meth:`check` of the value whose JSON text is ``text`` (:data:`NOT_JSON` if it does not
+        parse). Memoized per node (up to :data:`MEMO_BYTES` of text): a closing search and the
+        guard's replays validate the same values again and again, and a recursive schema's
+        validation can take milliseconds. Counted in :func:`checks_run`, hits included."""
+        global _checks_run
+        _checks_run += 1
+        message = self._memo.get(text, _UNSET)
+        if message is not _UNSET:
+            return message  # type: ignore[no-any-return]
+        value = _load(text)
+        message = self.check(value) if value is not _UNSET else NOT_JSON
+        if self._memo_bytes + len(text) > MEMO_BYTES:
+            self._memo.clear()
+            self._memo_bytes = 0
+        self._memo[text] = message
+        self._memo_bytes += len(text)
+        return message
 
     def child_for_key(self, key: str) -> CheckNode | None:
         """The node for the value of member ``key`` of this (object) value, or None."""
@@ -502,12 +528,7 @@ class ValueChecker:
         return None
 
     def _load(self, start: int, end: int) -> Any:
-        """The value at ``buf[start:end]``, or _UNSET if it is not JSON (a lone "-", which
-        the grammar may let end a number, or bytes that are not UTF-8)."""
-        try:
-            return json.loads(self._buf[start:end])
-        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
-            return _UNSET
+        return _load(self._buf[start:end])
 
     def _close(self, pos: int, is_object: bool) -> CheckFailure | None:
         frame = self._stack.pop()
@@ -520,8 +541,7 @@ class ValueChecker:
         """The value at ``buf[start:end]`` is complete: run its checks and its parent's."""
         value = _UNSET
         if node is not None and node.whole:
-            value = self._load(start, end)
-            message = node.check(value) if value is not _UNSET else NOT_JSON
+            message = node.check_text(bytes(self._buf[start:end]))
             if message is not None:
                 return CheckFailure(message, start)
         if not self._stack:
@@ -542,6 +562,21 @@ class ValueChecker:
                 return CheckFailure("the array's items must be unique: this item repeats an earlier one", start)
             parent.seen.add(canonical)
         return None
+
+
+def _load(text: bytes | bytearray) -> Any:
+    """The value of JSON ``text``, or _UNSET if it is not JSON (a lone "-", which the grammar may
+    let end a number, or bytes that are not UTF-8)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
+        return _UNSET
+
+
+def checks_run() -> int:
+    """Whole-value checks run in this process so far (memoized ones included): work budgets
+    compare it before and after, so that what a budget allows does not depend on the memo."""
+    return _checks_run
 
 
 def json_key(value: Any) -> Any:
