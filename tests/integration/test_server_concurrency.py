@@ -7,6 +7,7 @@ import signal
 import time
 
 import httpx
+import pytest
 import trio
 
 from tests.integration.conftest import SERVER_ARGS, ServerProcess
@@ -99,6 +100,26 @@ async def test_client_disconnect_frees_blocks(server):
             assert stats["num_blocks_in_use"] > 0  # it really was holding KV
         # leaving the `with` closed the connection mid-stream: its blocks are released at once
         await wait_idle(client, timeout=5)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_a_client_that_gives_up_on_a_whole_response_frees_its_blocks(server, path):
+    """Not streamed: the response would come only at the end, so nothing is ever sent that could
+    fail; the server must notice the disconnect itself (server/disconnect.py)."""
+    payload = {"model": MODEL, "max_tokens": 1500, "ignore_eos": True}
+    payload |= (
+        {"messages": [{"role": "user", "content": "Tell a long story."}]} if "chat" in path else {"prompt": "Once"}
+    )
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+        await wait_idle(client)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: client.post(path, json=payload))
+            with trio.fail_after(30):
+                while (await client.get("/stats")).json()["num_blocks_in_use"] == 0:
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()  # the client gives up: its connection closes
+        stats = await wait_idle(client, timeout=5)  # 1,500 tokens would take far longer
+        assert stats["num_requests_running"] == 0
 
 
 async def test_health_answers_while_the_engine_is_busy(server):

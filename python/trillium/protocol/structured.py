@@ -17,6 +17,11 @@ if TYPE_CHECKING:
 # otherwise an output matching two branches gets through (JSONSchemaBench counts such cases).
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "coerce_one_of": True}
 
+# The first line of a tool-call grammar (tools/grammar.py), followed by the call format: the
+# compiler then checks the calls' arguments against what their schemas' grammar cannot express
+# (structured/call_checks.py).
+CALLS_HEADER = "// trillium tool calls: "
+
 
 class StructuredOutputs(msgspec.Struct, omit_defaults=True, kw_only=True, forbid_unknown_fields=True):
     """One output constraint, vLLM's ``structured_outputs`` shape: exactly one field is set.

@@ -12,6 +12,7 @@ in-memory store (``response_store.py``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -23,6 +24,8 @@ from starlette.responses import Response
 
 from trillium.engine_client import EngineOverloaded, StreamOutput
 from trillium.protocol import FinishReason, SamplingParams
+from trillium.server.accounting import RequestAccount
+from trillium.server.disconnect import unless_disconnected
 from trillium.server.errors import APIError, overloaded
 from trillium.server.openai_shapes import ChoiceFanout, JSONObject, error_payload
 from trillium.server.response_store import ResponseStore
@@ -52,47 +55,50 @@ class ResponsesRoutes:
         accounting = self.routes.accounting
         with accounting.admit(request, chat=True, endpoint="responses") as account, named_errors(account.request_id):
             body = decode_body(await request.body(), ResponsesRequest)
-            check_supported(body)
-            history: list[ChatMessage] = []
-            if body.previous_response_id is not None:
-                stored = self.store.get(body.previous_response_id, account.tenant)
-                if stored is None:
-                    raise APIError(
-                        f"Previous response with id '{body.previous_response_id}' not found (responses are kept "
-                        "in this server's memory, a bounded number of them, and only with store=true)",
-                        param="previous_response_id",
-                        code="previous_response_not_found",
-                    )
-                history = stored.conversation
-            conversation = history + input_messages(body)
-            chat = chat_request(body, history)
-            with _responses_params():
-                prompt_ids, sampling, calling = await self.routes.prepare_chat(chat, account)
-            fanout = await self.routes.start(chat, [prompt_ids], sampling, account)
-            builder = ResponseBuilder(account.request_id, self.routes.client.model_name, body, sampling, calling)
+            return await unless_disconnected(request, account, functools.partial(self._create, body, account))
 
-            def keep(response: JSONObject) -> None:
-                if body.store:
-                    self.store.put(builder.response_id, account.tenant, conversation + builder.messages(), response)
-
-            if body.stream:
-                return account.streaming_response(
-                    self._events(fanout, builder, account.finish, keep),
-                    media_type="text/event-stream",
-                    headers={"Cache-Control": "no-cache"},
+    async def _create(self, body: ResponsesRequest, account: RequestAccount) -> Response:
+        check_supported(body)
+        history: list[ChatMessage] = []
+        if body.previous_response_id is not None:
+            stored = self.store.get(body.previous_response_id, account.tenant)
+            if stored is None:
+                raise APIError(
+                    f"Previous response with id '{body.previous_response_id}' not found (responses are kept "
+                    "in this server's memory, a bounded number of them, and only with store=true)",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
                 )
-            try:
-                while (item := await fanout.next()) is not None:
-                    _, out = item
-                    raise_on_failure(out)
-                    builder.feed(out)
-            except EngineOverloaded as exc:
-                raise overloaded(str(exc)) from None
-            finally:
-                fanout.abort()
-            response = builder.response(fanout.usage())
-            keep(response)
-            return json_response(response)
+            history = stored.conversation
+        conversation = history + input_messages(body)
+        chat = chat_request(body, history)
+        with _responses_params():
+            prompt_ids, sampling, calling = await self.routes.prepare_chat(chat, account)
+        fanout = await self.routes.start(chat, [prompt_ids], sampling, account)
+        builder = ResponseBuilder(account.request_id, self.routes.client.model_name, body, sampling, calling)
+
+        def keep(response: JSONObject) -> None:
+            if body.store:
+                self.store.put(builder.response_id, account.tenant, conversation + builder.messages(), response)
+
+        if body.stream:
+            return account.streaming_response(
+                self._events(fanout, builder, account.finish, keep),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        try:
+            while (item := await fanout.next()) is not None:
+                _, out = item
+                raise_on_failure(out)
+                builder.feed(out)
+        except EngineOverloaded as exc:
+            raise overloaded(str(exc)) from None
+        finally:
+            fanout.abort()
+        response = builder.response(fanout.usage())
+        keep(response)
+        return json_response(response)
 
     async def _events(
         self, fanout: ChoiceFanout, builder: ResponseBuilder, finish: Any, keep: Any

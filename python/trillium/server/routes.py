@@ -30,6 +30,7 @@ from trillium.protocol.messages import SEED_MAX
 from trillium.runtime import Health, Snapshot
 from trillium.server import sse
 from trillium.server.accounting import Accounting, RequestAccount
+from trillium.server.disconnect import unless_disconnected
 from trillium.server.errors import APIError, overloaded
 from trillium.server.limits import InputLimits
 from trillium.server.openai_shapes import (
@@ -176,6 +177,9 @@ class Routes:
 
     async def _chat_completions(self, request: Request, account: RequestAccount) -> Response:
         body = decode_body(await request.body(), ChatCompletionRequest)
+        return await unless_disconnected(request, account, functools.partial(self._chat_body, body, account))
+
+    async def _chat_body(self, body: ChatCompletionRequest, account: RequestAccount) -> Response:
         prompt_ids, sampling, calling = await self.prepare_chat(body, account)
         return await self._run(body, [prompt_ids], sampling, account, chat=True, tool_calls=calling)
 
@@ -286,6 +290,9 @@ class Routes:
 
     async def _completions(self, request: Request, account: RequestAccount) -> Response:
         body = decode_body(await request.body(), CompletionRequest)
+        return await unless_disconnected(request, account, functools.partial(self._completions_body, body, account))
+
+    async def _completions_body(self, body: CompletionRequest, account: RequestAccount) -> Response:
         self._check_model(body.model)
         self._check_admission(account, body)
         items = _prompt_items(body.prompt)

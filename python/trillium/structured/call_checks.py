@@ -25,9 +25,9 @@ import json
 import re
 from dataclasses import dataclass
 
+from trillium.protocol.structured import CALLS_HEADER
 from trillium.structured.value_checks import NOT_JSON, CheckFailure, CheckNode, ValueChecker
 
-CALLS_HEADER = "// trillium tool calls: "
 _RULE = re.compile(r"^(fn_\d+): %json (\{.*\})$", re.MULTILINE)
 _HERMES_OPENER = b"<tool_call>"
 _NAME_OPEN = b'{"name":"'  # how every call object starts (compact JSON, "name" first)

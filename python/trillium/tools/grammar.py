@@ -15,8 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trillium.protocol.structured import JSON_OPTIONS
-from trillium.structured.call_checks import CALLS_HEADER
+from trillium.protocol.structured import CALLS_HEADER, JSON_OPTIONS
 from trillium.tools.formats import ToolFormat
 from trillium.tools.spec import FunctionTool, ToolChoice
 
