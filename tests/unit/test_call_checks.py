@@ -85,8 +85,10 @@ def test_llama3_json_calls_are_found_at_the_start_and_after_each_separator(step)
     assert failure is not None and failure.value_start == len(first) + 1 + len(
         '{"name":"tag","parameters":{"tags":["q",'
     )
-    # text (auto mode) is never parsed as calls
+    # text (auto mode) is never parsed as calls, nor is text that starts with a space (the
+    # grammar writes calls with none; the parser reads that as content)
     assert feed(checker(LLAMA3), 'I would call {"name":"tag","parameters":{"tags":["q","q"]}}', step) is None
+    assert feed(checker(LLAMA3), ' {"name":"tag","parameters":{"tags":["q","q"]}}', step) is None
 
 
 def test_held_back_from_an_open_item_and_copies_are_independent():
@@ -130,4 +132,10 @@ def test_an_unsatisfiable_tool_schema_names_the_tool():
     grammar = tool_grammar([broken], ToolChoice("required"), False, FALLBACK)
     assert grammar is not None
     with pytest.raises(ValueError, match="tool 'broken'"):
+        prepare_call_grammar(grammar)
+
+
+def test_a_header_on_a_grammar_that_is_no_tool_grammar_is_a_clear_error():
+    grammar = '// trillium tool calls: hermes\nstart: fn\nfn_0: %json {"type":"object"}'
+    with pytest.raises(ValueError, match="fn_0 is not a tool call's schema"):
         prepare_call_grammar(grammar)

@@ -37,6 +37,7 @@ it were output: its grammar mask, penalties and logprobs; see ``engine.verify``)
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import Counter
 
 from trillium.config import SpeculativeConfig
@@ -59,8 +60,8 @@ CLOSE_BACKTRACK = 8  # held tokens a closing that fails value checks may be move
 # What one search for a closing that passes the value checks may spend (closer.SearchBudget):
 # measured on JSONSchemaBench Handwritten at temperature 1, searches that found one ran at most
 # ~500 checks in 0.07 s but one (1,100 checks, 7 s); fruitless ones ran up to 20 s.
-CLOSE_CHECK_BUDGET = 1000
-CLOSE_SEARCH_SECONDS = 0.25
+CLOSE_CHECK_BUDGET = 1000  # per search
+CLOSE_SEARCH_SECONDS = 0.25  # per step, all searches together
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +126,7 @@ class SchedulerPolicy:
         self.num_forced_tokens = 0  # appended by jump-forward (structured output), never sampled
         self.num_closed_outputs = 0  # JSON outputs closed before max_tokens (``_close_if_due``)
         self.num_rejected_tokens = 0  # output tokens taken back by failed value checks (``_reject``)
+        self._search_deadline = 0.0  # when this step's checked closing searches must stop (update)
 
     # ---- admission and abort -------------------------------------------------------------
 
@@ -236,6 +238,7 @@ class SchedulerPolicy:
     def update(self, plan: StepPlan, output: StepOutput) -> list[RequestUpdate]:
         """Apply a step's result: advance progress, append sampled tokens, finish requests."""
         updates: list[RequestUpdate] = []
+        self._search_deadline = time.perf_counter() + CLOSE_SEARCH_SECONDS  # checked closings' time, this step
         logprobs = output.logprobs or [None] * len(output.sampled_token_ids)
         accepted = output.num_accepted_drafts or [0] * len(output.sampled_token_ids)
         prompt_logprobs = output.prompt_logprobs or [None] * len(output.sampled_token_ids)
@@ -443,9 +446,9 @@ class SchedulerPolicy:
             # EOS: the token before led there.
             token = output.pop()
         why = f"the grammar admits no continuation after token {token}" + (f" ({error[0]})" if error else "")
-        if guard is None or not matcher.start_over(output):
-            return FinishReason.ERROR, why
-        at = guard.ends[-1] if guard.ends else 0  # where the token's bytes began (the guard has not seen it)
+        if guard is None or len(output) < guard.num_released or not matcher.start_over(output):
+            return FinishReason.ERROR, why  # (a token the client has cannot be taken back)
+        at = guard.ends[len(output) - 1] if output else 0  # where the culprit's bytes began
         guard.retries[at] += 1
         if guard.retries[at] > MAX_VALUE_RETRIES:
             return FinishReason.ERROR, f"no output satisfying the schema was found: {why}"
@@ -498,6 +501,8 @@ class SchedulerPolicy:
             return None, None
         if not matcher.accept_forced(forced):
             return FinishReason.ERROR, f"the grammar rejected its own forced tokens: {matcher.error}"
+        if matcher.dead_end:
+            return FinishReason.ERROR, f"the grammar admits no continuation after its forced tokens ({matcher.error})"
         request.output_token_ids.extend(forced)
         new_token_ids.extend(forced)
         self.num_forced_tokens += len(forced)
@@ -560,8 +565,9 @@ class SchedulerPolicy:
         matcher, output = request.matcher, request.output_token_ids
         assert matcher is not None and matcher.guard is not None
         guard = matcher.guard
-        # The search runs on the event loop: bounded in checks and in time (closer.SearchBudget).
-        budget = SearchBudget(CLOSE_CHECK_BUDGET, CLOSE_SEARCH_SECONDS)
+        # The search runs on the event loop: bounded in checks and in time (closer.SearchBudget),
+        # the time shared by every such search of one step.
+        budget = SearchBudget(CLOSE_CHECK_BUDGET, max(0.0, self._search_deadline - time.perf_counter()))
         popped: list[int] = []
         for _ in range(CLOSE_BACKTRACK):
             guard.replay(output)

@@ -28,11 +28,14 @@ async def unless_disconnected(
     Call once the request body has been read: the watcher consumes what ``receive`` brings."""
     result: list[Response] = []
     failure: list[Exception] = []
+    disconnected = False
     async with trio.open_nursery() as nursery:
 
         async def watch() -> None:
+            nonlocal disconnected
             while (await request.receive())["type"] != "http.disconnect":
                 pass
+            disconnected = True
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(watch)
@@ -43,6 +46,10 @@ async def unless_disconnected(
         nursery.cancel_scope.cancel()
     if failure:
         raise failure[0]
+    if disconnected and account.fanout is not None:
+        # Gone just as a streamed response was set up: this watcher took the one disconnect
+        # message, so the stream would not see it; its requests end now (the stream then ends).
+        account.fanout.abort()
     if result:
         return result[0]
     account.http_status = CLIENT_CLOSED

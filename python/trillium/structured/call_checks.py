@@ -59,7 +59,10 @@ def prepare_call_grammar(text: str) -> tuple[str, CallChecks | None]:
 
     def relax(match: re.Match[str]) -> str:
         schema = json.loads(match.group(2))
-        name = schema["properties"]["name"]["const"]
+        try:
+            name = schema["properties"]["name"]["const"]
+        except (KeyError, TypeError):
+            raise ValueError(f"{match.group(1)} is not a tool call's schema") from None
         try:
             prepared = prepare_schema(schema)
         except ValueError as exc:
@@ -177,16 +180,16 @@ class CallsChecker:
         if self._checks.fmt == "llama3_json":
             if self._text:
                 return False
+            # The grammar puts no whitespace before a call or around ';' (text that starts with a
+            # space is text, as the parser reads it).
             at = self._scan
-            if self._calls_done:  # a next call comes after the separator
-                at = _skip_space(buf, at)
+            if self._calls_done:  # a next call comes right after the separator
                 if at >= len(buf):
                     return False
                 if buf[at] != ord(";"):
                     self._text = True
                     return False
                 at += 1
-            at = _skip_space(buf, at)
             if at >= len(buf):
                 return False
             if buf[at] != ord("{"):  # text, not calls: nothing to check

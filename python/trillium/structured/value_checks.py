@@ -30,7 +30,8 @@ import referencing
 
 Resolver = Any  # a referencing Resolver: the package does not export the class
 
-MEMO_BYTES = 1 << 18  # JSON text of the values whose check results a node keeps
+MEMO_BYTES = 1 << 18  # what a node's memo of check results may hold: JSON text + entry overhead
+_MEMO_ENTRY_BYTES = 100  # a dict slot, the bytes object's header, the message reference
 _checks_run = 0  # checks_run()
 
 # Marks a node enforces itself without validating the whole value.
@@ -222,11 +223,12 @@ class CheckNode:
             return message  # type: ignore[no-any-return]
         value = _load(text)
         message = self.check(value) if value is not _UNSET else NOT_JSON
-        if self._memo_bytes + len(text) > MEMO_BYTES:
+        size = len(text) + _MEMO_ENTRY_BYTES
+        if self._memo_bytes + size > MEMO_BYTES:
             self._memo.clear()
             self._memo_bytes = 0
         self._memo[text] = message
-        self._memo_bytes += len(text)
+        self._memo_bytes += size
         return message
 
     def child_for_key(self, key: str) -> CheckNode | None:
