@@ -23,9 +23,7 @@ import collections
 import glob
 import json
 import os
-import socket
-import subprocess
-import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,31 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import jsonschema
 
+from metering_overhead import Server  # bench/ is on the path when a script of it runs
+
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "jsonschemabench")
-
-
-def start_server() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trillium", "serve", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"trillium serve exited with {proc.returncode}")
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("trillium serve did not get ready in 300 s")
 
 
 def poll_health(url: str, stop: threading.Event, latencies: list[float]) -> None:
@@ -111,7 +87,9 @@ def main() -> None:
     for path in files:
         with open(path, encoding="utf-8") as f:
             cases.append(json.load(f)["schema"])
-    proc, url = (None, args.url) if args.url else start_server()
+    log_path = os.path.join(tempfile.gettempdir(), f"structured_server-{os.getpid()}.log")  # the server's log
+    server = None if args.url else Server("trillium", [], log_path)
+    url = args.url or server.base_url
     stop, latencies = threading.Event(), []
     poller = threading.Thread(target=poll_health, args=(url, stop, latencies), daemon=True)
     try:
@@ -138,9 +116,9 @@ def main() -> None:
         seconds = time.perf_counter() - start
     finally:
         stop.set()
-        if proc is not None:
-            proc.terminate()
-            proc.wait(60)
+        if server is not None:
+            server.stop()
+            os.unlink(log_path)
     latencies.sort()
     valid = sum(n for k, n in counts.items() if k.endswith(" valid"))
     print(

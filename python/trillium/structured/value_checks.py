@@ -541,7 +541,6 @@ class ValueChecker:
 
     def _complete(self, start: int, end: int, node: CheckNode | None) -> CheckFailure | None:
         """The value at ``buf[start:end]`` is complete: run its checks and its parent's."""
-        value = _UNSET
         if node is not None and node.whole:
             message = node.check_text(bytes(self._buf[start:end]))
             if message is not None:
@@ -556,7 +555,7 @@ class ValueChecker:
             return None
         parent.count += 1
         if parent.node is not None and parent.node.unique_items:
-            value = self._load(start, end) if value is _UNSET else value
+            value = self._load(start, end)
             if value is _UNSET:
                 return CheckFailure(NOT_JSON, start)
             canonical = json_key(value)
