@@ -3,6 +3,7 @@
     python bench/decode_profile.py                      # 1 stream, 64 tokens, 2 rounds
     python bench/decode_profile.py --batch 32 --weights dense --dtype fp32
     python bench/decode_profile.py --batch 32 --temperature 0.8 --top-p 0.95
+    python bench/decode_profile.py --model FILE.gguf --temperature 0
 
 Wraps the model's operations (projections, RMSNorm, RoPE, KV store, paged attention, SiLU-mul,
 the whole forward and the output head) with timers, generates ``--max-tokens`` tokens
@@ -28,6 +29,7 @@ OPS = ("rotate_", "store_kv", "paged_attention", "silu_and_mul")
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="a GGUF file or Hugging Face directory (default: the embedded model)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2)
@@ -56,7 +58,7 @@ def main() -> None:
         setattr(llama, name, timed(name, getattr(llama, name)))
     for cls, name in ((llama.QuantLinear, "projections"), (llama.RMSNorm, "rms_norm")):
         cls.forward = timed(name, cls.forward)
-    llm = LLM(dtype=args.dtype, weights=args.weights, progress=False)
+    llm = LLM(args.model, dtype=args.dtype, weights=args.weights, progress=False)
     model = llm.engine.runner.model
     if not any(isinstance(m, llama.QuantLinear) for m in model.modules()):
         for m in model.modules():  # dense weights: time the nn.Linear projections instead

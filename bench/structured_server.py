@@ -5,6 +5,7 @@ checks ever hold up the server.
     python bench/structured_server.py --subset Synthesized --seeds 2
     python bench/structured_server.py --quick                  # smoke mode: 6 schemas
     python bench/structured_server.py --url http://host:8000   # an already running server
+    python bench/structured_server.py --dump out.jsonl         # + one line per request: why it failed
 
 Starts ``trillium serve`` (default model and flags) on a free port unless ``--url`` is given,
 sends every schema of ``--subset`` once per seed as a chat completion with
@@ -48,23 +49,26 @@ def poll_health(url: str, stop: threading.Event, latencies: list[float]) -> None
             stop.wait(0.2)
 
 
-def outcome(response: httpx.Response | None, schema: dict) -> str:
+def outcome(response: httpx.Response | None, schema: dict) -> tuple[str, str]:
+    """How a request ended, and why (the error, or the failing keyword, its path and the output)."""
     if response is None:
-        return "timeout"
+        return "timeout", ""
     if response.status_code != 200:
-        return "refused (400)" if response.status_code == 400 else f"error {response.status_code}"
+        why = response.text[:300]
+        return ("refused (400)" if response.status_code == 400 else f"error {response.status_code}"), why
     body = response.json()
     choice = body["choices"][0]
     how = choice["finish_reason"] + (" closed" if body.get("closed_early") or choice.get("closed_early") else "")
     try:
         jsonschema.validate(json.loads(choice["message"]["content"]), schema)
-        return how + " valid"
-    except json.JSONDecodeError:
-        return how + " unparsable"
-    except jsonschema.ValidationError:
-        return how + " invalid"
+        return how + " valid", ""
+    except json.JSONDecodeError as e:
+        return how + " unparsable", str(e)
+    except jsonschema.ValidationError as e:
+        where = "/".join(map(str, e.absolute_path))
+        return how + " invalid", f"{e.validator} at /{where}: {choice['message']['content'][:2000]}"
     except jsonschema.SchemaError:
-        return "schema the validator rejects"
+        return "schema the validator rejects", ""
 
 
 def main() -> None:
@@ -79,6 +83,7 @@ def main() -> None:
     )
     p.add_argument("--url", help="a running server (default: start one)")
     p.add_argument("--quick", action="store_true", help="smoke mode: the first 6 schemas")
+    p.add_argument("--dump", help="write one JSON line per request (schema file, seed, outcome, why) here")
     args = p.parse_args()
     files = sorted(glob.glob(os.path.join(DATA, f"{args.subset}---*.json")))[: 6 if args.quick else None]
     if not files:
@@ -86,7 +91,7 @@ def main() -> None:
     cases = []
     for path in files:
         with open(path, encoding="utf-8") as f:
-            cases.append(json.load(f)["schema"])
+            cases.append((os.path.basename(path), json.load(f)["schema"]))
     log_path = os.path.join(tempfile.gettempdir(), f"structured_server-{os.getpid()}.log")  # the server's log
     server = None if args.url else Server("trillium", [], log_path)
     url = args.url or server.base_url
@@ -95,8 +100,8 @@ def main() -> None:
     try:
         client = httpx.Client(base_url=url, timeout=args.timeout)
 
-        def one(case: tuple[dict, int]) -> str:
-            schema, seed = case
+        def one(case: tuple[tuple[str, dict], int]) -> dict:
+            (name, schema), seed = case
             body = {
                 "messages": [{"role": "user", "content": f"Reply with JSON for this schema: {json.dumps(schema)}"}],
                 "max_tokens": args.max_tokens,
@@ -105,20 +110,25 @@ def main() -> None:
                 "structured_outputs": {"json": schema},
             }
             try:
-                return outcome(client.post("/v1/chat/completions", json=body), schema)
+                how, why = outcome(client.post("/v1/chat/completions", json=body), schema)
             except httpx.TimeoutException:
-                return outcome(None, schema)
+                how, why = outcome(None, schema)
+            return {"schema": name, "seed": seed, "outcome": how, "why": why}
 
         poller.start()
         start = time.perf_counter()
         with ThreadPoolExecutor(args.concurrency) as pool:
-            counts = collections.Counter(pool.map(one, [(s, seed) for s in cases for seed in range(args.seeds)]))
+            results = list(pool.map(one, [(c, seed) for c in cases for seed in range(args.seeds)]))
+        counts = collections.Counter(r["outcome"] for r in results)
         seconds = time.perf_counter() - start
     finally:
         stop.set()
         if server is not None:
             server.stop()
             os.unlink(log_path)
+    if args.dump:
+        with open(args.dump, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in results)
     latencies.sort()
     valid = sum(n for k, n in counts.items() if k.endswith(" valid"))
     print(
