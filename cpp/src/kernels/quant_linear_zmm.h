@@ -76,6 +76,7 @@ void zmm_direct_tile(const float* x, int64_t x_stride, const QuantWeightView& w,
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t record = quant_record(g0, b, nb);  // g0 starts a tile: its 4 records follow in order
     const uint8_t* wb = codes + record * kBlockBytes;
+    prefetch_codes<kQuantTileGroups * kBlockBytes>(wb + kPrefetchBlocks * kQuantTileGroups * kBlockBytes);
     __m512 d[2], m[2];
 #pragma GCC unroll 8
     for (int quad = 0; quad < 8; ++quad) {
