@@ -38,6 +38,9 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument(
+        "--speculative-config", default="off", help="off (default: one token per step is what is profiled) or JSON"
+    )
     args = p.parse_args()
 
     seconds: collections.Counter = collections.Counter()
@@ -58,7 +61,13 @@ def main() -> None:
         setattr(llama, name, timed(name, getattr(llama, name)))
     for cls, name in ((llama.QuantLinear, "projections"), (llama.RMSNorm, "rms_norm")):
         cls.forward = timed(name, cls.forward)
-    llm = LLM(args.model, dtype=args.dtype, weights=args.weights, progress=False)
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        weights=args.weights,
+        progress=False,
+        speculative_config=args.speculative_config,
+    )
     model = llm.engine.runner.model
     if not any(isinstance(m, llama.QuantLinear) for m in model.modules()):
         for m in model.modules():  # dense weights: time the nn.Linear projections instead
