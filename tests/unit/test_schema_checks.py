@@ -1,8 +1,9 @@
 """JSON Schemas llguidance refuses: ``prepare_schema`` rewrites them into a grammar schema that
 compiles and accepts every valid instance, and ``ValueChecker`` rejects, as the output is
-generated, exactly the outputs of that grammar that ``jsonschema`` finds invalid. No model: the
-grammar runs over a byte vocabulary; the model's tokenizer only compiles it for real (llguidance
-reports unimplemented keywords only then)."""
+generated, exactly the outputs of that grammar that ``jsonschema`` finds invalid (or that repeat
+a key in an object, which a parser collapses). No model: the grammar runs over a byte vocabulary;
+the model's tokenizer only compiles it for real (llguidance reports unimplemented keywords only
+then)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,17 @@ def grammar_accepts(grammar_schema: Any, text: bytes) -> bool:
 
 def is_valid(schema: Any, instance: Any) -> bool:
     return bool(schema_validator(schema).is_valid(instance))
+
+
+def parse_unique_keys(text: bytes) -> Any:
+    """``json.loads``, raising on an object with a repeated key (which a parser would collapse)."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        if len({key for key, _ in pairs}) < len(pairs):
+            raise ValueError("duplicate key")
+        return dict(pairs)
+
+    return json.loads(text, object_pairs_hook=unique)
 
 
 def run_checker(prepared: PreparedSchema, text: bytes, rng: random.Random) -> CheckFailure | None:
@@ -464,6 +476,27 @@ def test_max_properties_fails_at_the_separator_asking_for_one_more():
     assert failure is not None and failure.value_start == 6 and "more than 1" in failure.message
 
 
+def test_a_repeated_key_fails_at_its_start_and_min_properties_counts_distinct_keys():
+    # llguidance's grammar lets a key beside patternProperties repeat and counts it toward
+    # minProperties; a parser keeps one. So that count is a check, and a repeated key fails.
+    schema = {"type": "object", "patternProperties": {"^[a-z]$": {"type": "integer"}}, "minProperties": 2}
+    assert prepare_schema(schema).checked_keywords == ["minProperties"]
+    checker = checker_for(schema)
+    holds, failure = feed_each(checker, b'{"a":1,"a":2}')
+    #                                      0123456789
+    assert holds[:4] == [0, 0, 0, 0]  # the object is held (minProperties), keys with it
+    assert failure is not None and failure.value_start == 7 and 'duplicate key "a"' in failure.message
+    checker.reset()
+    repeated = checker.feed(b'{"a":1,"\\u0061"')  # the same key, escaped
+    assert repeated is not None and "duplicate key" in repeated.message
+    checker.reset()
+    assert checker.feed(b'{"a":1,"b":2}') is None and checker.finish() is None
+    # Without a check on the object, a key being written is still held back from the client.
+    free = checker_for({"type": "object", "properties": {"x": {"uniqueItems": True}}})
+    holds, failure = feed_each(free, b'{"ab":1,"x":[]}')
+    assert holds[:5] == [None, 1, 1, 1, None] and failure is None
+
+
 def test_min_properties_holds_the_object():
     checker = checker_for({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 2})
     holds, failure = feed_each(checker, b'{"a":1}')
@@ -474,7 +507,8 @@ def test_nested_check_holds_from_its_value_and_numbers_end_on_the_next_byte():
     checker = checker_for({"type": "object", "properties": {"x": {"type": "integer", "not": {"multipleOf": 3}}}})
     holds, failure = feed_each(checker, b'{"x":33}')
     #                                      01234567
-    assert holds == [None, None, None, None, None, 5, 5]
+    # The key is held while it is written (it could repeat an earlier one), then the value.
+    assert holds == [None, 1, 1, None, None, 5, 5]
     assert failure is not None and failure.value_start == 5
     top = checker_for({"type": "integer", "not": {"multipleOf": 3}})
     assert top.feed(b"3") is None and top.hold_from == 0
@@ -545,7 +579,10 @@ def test_random_grammar_outputs_pass_the_checks_exactly_when_valid(name):
         text = random_output(prepared.grammar_schema, rng)
         if text is None:
             continue
-        valid = is_valid(schema, json.loads(text))
+        try:  # an output is valid when it parses, without repeated keys, to a valid instance
+            valid = is_valid(schema, parse_unique_keys(text))
+        except ValueError:
+            valid = False
         seen[valid] += 1
         assert (run_checker(prepared, text, rng) is None) == valid, text
     assert seen[True] + seen[False] >= 20

@@ -290,6 +290,7 @@ class Relaxer:
                 continue
             if (
                 (word in ("minProperties", "maxProperties") and self._drops_min_max_properties(schema))
+                or (word == "minProperties" and _admits_other_keys(schema))
                 or (word == "pattern" and value in options.bad_regexes)
                 or (word in ("patternProperties", "additionalProperties") and self._has_bad_pattern_properties(schema))
             ):
@@ -637,3 +638,10 @@ def _apart(a: _Summary, b: _Summary) -> bool:
 
 def _values_apart(a: list[Any], b: list[Any]) -> bool:
     return {json_key(value) for value in a}.isdisjoint(json_key(value) for value in b)
+
+
+def _admits_other_keys(schema: dict[str, Any]) -> bool:
+    """Keys beyond ``properties`` may appear. llguidance's grammar lets such a key repeat, and
+    counts each repetition toward ``minProperties``, where a parser keeps one: there the count
+    is checked instead (value_checks, which also refuses a repeated key)."""
+    return "patternProperties" in schema or schema.get("additionalProperties", True) is not False

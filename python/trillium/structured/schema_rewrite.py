@@ -52,7 +52,10 @@ CHECK_KEYWORDS: dict[str, str] = {
     "dependencies": "both forms, like dependentRequired/dependentSchemas (no $schema, or drafts 4-7)",
     "contains": "checked when the array completes (with minContains/maxContains)",
     "uniqueItems": "checked as each item completes (JSON equality: 1 == 1.0, true != 1)",
-    "minProperties": "checked when the object closes, if the object has optional properties",
+    "minProperties": (
+        "checked when the object closes, if the object has optional properties or admits keys beyond"
+        " its properties (the grammar would count a repeated key; a check refuses it)"
+    ),
     "maxProperties": "checked at the separator asking for one member more (and each key), with optional properties",
     "propertyNames": "checked when the object completes",
     "unevaluatedProperties": "checked when the object completes",

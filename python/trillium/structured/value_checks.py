@@ -302,7 +302,7 @@ class _Frame:
         self.count = 0  # items completed, or keys completed
         self.member_start = -1  # offset of the current item, or of the current key
         self.child: CheckNode | None = None  # node of the member value being parsed
-        self.seen: set[Any] = set()  # canonical items, for uniqueItems
+        self.seen: set[Any] = set()  # canonical items (uniqueItems), or an object's keys
 
     def copy(self) -> _Frame:
         other = _Frame(self.is_object, self.node, self.start)
@@ -387,9 +387,9 @@ class ValueChecker:
             member_open = depth < last or (in_scalar and not self._is_key)
             if node.unique_items and not frame.is_object and member_open:
                 return frame.member_start
-            if node.max_properties is not None and depth == last and in_scalar and self._is_key:
-                return frame.member_start
-        if in_scalar and not self._is_key and self._scalar_node is not None and self._scalar_node.holds:
+        if in_scalar and self._is_key:
+            return self._stack[-1].member_start  # a key may repeat an earlier one (_end_string)
+        if in_scalar and self._scalar_node is not None and self._scalar_node.holds:
             return self._scalar_start
         return None
 
@@ -517,6 +517,13 @@ class ValueChecker:
         frame.count += 1
         self._state = _COLON
         self._is_key = False
+        # A repeated key: the parsed object keeps one of them, so the properties counted here
+        # (min/maxProperties, dependencies, ...) and the ones a client sees would differ.
+        raw = bytes(self._buf[frame.member_start : end])
+        name = raw[1:-1].decode("utf-8", "replace") if b"\\" not in raw else self._load(frame.member_start, end)
+        if name in frame.seen:
+            return CheckFailure(f"duplicate key {raw.decode('utf-8', 'replace')} in an object", frame.member_start)
+        frame.seen.add(name)
         node = frame.node
         if node is None:
             frame.child = None
