@@ -34,6 +34,8 @@ import tarfile
 import time
 import urllib.request
 
+import machine  # bench/machine.py: this script's directory is on sys.path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = os.path.join(ROOT, ".peers")
 PY = sys.executable
@@ -399,7 +401,7 @@ def compare(args) -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
             log.close()
     with open(args.out, "w") as f:
-        json.dump({"command": " ".join(sys.argv), "engines": results}, f, indent=2)
+        json.dump({"command": " ".join(sys.argv), "machine": machine.describe(), "engines": results}, f, indent=2)
     print(table(results))
 
 

@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import random
 import sys
 import time
@@ -34,6 +33,7 @@ import trio
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine
 from serving_client import DATA, load_prompts, stream_request
 from serving_metrics import parse_slo, summarize
 
@@ -189,7 +189,7 @@ def main() -> None:
             "sampling": _sampling(args),
             "prompts": "synthetic" if args.synthetic else os.path.basename(args.prompts),
             "seed": args.seed,
-            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+            "machine": machine.describe(),
             "command": " ".join(sys.argv),
             "rows": rows,
         }

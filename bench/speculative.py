@@ -56,7 +56,6 @@ import hashlib
 import itertools
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -72,6 +71,7 @@ import httpx
 import trio
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine
 from metering_overhead import Server
 from peers import check_engine
 from serving_client import DATA, load_prompts
@@ -401,7 +401,7 @@ def bench(args: argparse.Namespace) -> int:
         ]
         doc = {
             "settings": settings,
-            "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.platform()}",
+            "machine": machine.describe(),
             "command": " ".join(sys.argv),
             "servers": commands,
             "prompts": {w: [p.id for p in ps] for w, ps in workloads.items()},

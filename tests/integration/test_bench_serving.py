@@ -5,9 +5,12 @@ asserted here; numbers belong in bench/RESULTS.md."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+from trillium import _core
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -48,6 +51,10 @@ def test_quick_run_against_the_server(server, tmp_path):
     assert "| load |" in proc.stdout
     doc = json.loads(result.read_text())
     assert doc["rows"] == rows and doc["max_tokens"] == 8
+    # The result names the CPU it ran on and the kernels trillium picked there (bench/machine.py).
+    machine = doc["machine"]
+    assert machine["cpu"] and machine["cores"] == os.cpu_count()
+    assert machine["kernel_isa"] in _core.supported_kernel_isas()
 
 
 def test_metric_definitions():
