@@ -445,8 +445,14 @@ def vllm_client(args, base_url: str, model: str, engine: str, result_file: str) 
             "--disable-tqdm",
         ]  # fmt: skip
         run(cmd, env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
-        with open(os.path.join(os.path.dirname(os.path.abspath(result_file)), name)) as f:
-            r = json.load(f)
+        path = os.path.join(os.path.dirname(os.path.abspath(result_file)), name)
+        with open(path) as f:
+            text = f.read()
+        # The client records its tokenizer's path: keep it relative to the repository (a results
+        # file names no machine's directories).
+        with open(path, "w") as f:
+            f.write(text.replace(json.dumps(ROOT + os.sep)[1:-1], ""))
+        r = json.loads(text)
         rows.append(
             {
                 "concurrency": concurrency,
