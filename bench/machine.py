@@ -21,32 +21,37 @@ import subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+def _cpuinfo(*keys: str) -> str | None:
+    """The value of the first ``/proc/cpuinfo`` line starting with one of ``keys``; None where
+    there is none or the file cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(keys):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "asimd", "sve")
 
 
 def simd_flags() -> list[str]:
-    """Which of SIMD_FLAGS ``/proc/cpuinfo`` lists (empty where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    have = set(line.split(":", 1)[1].split())
-                    return [flag for flag in SIMD_FLAGS if flag in have]
-    except OSError:
-        pass
-    return []
+    """Which of SIMD_FLAGS ``/proc/cpuinfo`` lists (x86 "flags", Arm "Features"; empty where it
+    cannot be read)."""
+    have = set((_cpuinfo("flags", "Features") or "").split())
+    return [flag for flag in SIMD_FLAGS if flag in have]
+
+
+def without_root(text: str) -> str:
+    """``text`` (JSON) with the repository's directory taken out of every path in it."""
+    return text.replace(json.dumps(ROOT + os.sep)[1:-1], "")
 
 
 def commit() -> str | None:

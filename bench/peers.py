@@ -451,7 +451,7 @@ def vllm_client(args, base_url: str, model: str, engine: str, result_file: str) 
         # The client records its tokenizer's path: keep it relative to the repository (a results
         # file names no machine's directories).
         with open(path, "w") as f:
-            f.write(text.replace(json.dumps(ROOT + os.sep)[1:-1], ""))
+            f.write(machine.without_root(text))
         r = json.loads(text)
         rows.append(
             {

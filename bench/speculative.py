@@ -79,7 +79,6 @@ from serving_client import DATA, load_prompts
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPTS = os.path.join(HERE, "speculative_prompts.jsonl")
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}'
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 MODES = ("off", "on")  # without / with --speculative-config
 WORKLOADS = ("grounded", "chat")
 # /stats counters whose growth over a run is recorded (protocol/stats.py: SchedulerStats).
@@ -411,7 +410,7 @@ def bench(args: argparse.Namespace) -> int:
         }
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         # Paths relative to the repository: a results file names no machine's directories.
-        text = json.dumps(doc, indent=1).replace(json.dumps(REPO + os.sep)[1:-1], "")
+        text = machine.without_root(json.dumps(doc, indent=1))
         with open(args.out, "w") as fh:
             fh.write(text)
     bad = sum(r["failed"] + r["mismatches"] for r in rows)
