@@ -48,7 +48,13 @@ class DecoderStack {
                  std::uintptr_t qkv_bias, const WeightTuple& o, const std::vector<WeightTuple>& gate_up,
                  const WeightTuple& down,
                  std::uintptr_t k_cache, std::uintptr_t v_cache, int32_t kv_dtype, int32_t num_blocks,
-                 int32_t block_size, int32_t window) {
+                 int32_t block_size, int32_t window, std::uintptr_t pre_feedforward_norm,
+                 std::uintptr_t post_feedforward_norm, int32_t activation, std::uintptr_t rope_cos,
+                 std::uintptr_t rope_sin, int64_t rope_max_positions, float attn_softcap) {
+    if (activation != static_cast<int32_t>(GatedActivation::kSilu) &&
+        activation != static_cast<int32_t>(GatedActivation::kGeluTanh)) {
+      throw std::invalid_argument("activation is 0 (SiLU) or 1 (GELU-tanh)");
+    }
     DecoderLayerWeights w;
     w.hidden = hidden;
     w.intermediate = intermediate;
@@ -71,6 +77,13 @@ class DecoderStack {
     w.num_blocks = num_blocks;
     w.block_size = block_size;
     w.window = window;
+    w.pre_feedforward_norm = from_address<const float>(pre_feedforward_norm);
+    w.post_feedforward_norm = from_address<const float>(post_feedforward_norm);
+    w.activation = static_cast<GatedActivation>(activation);
+    w.rope_cos = from_address<const float>(rope_cos);
+    w.rope_sin = from_address<const float>(rope_sin);
+    w.rope_max_positions = rope_max_positions;
+    w.attn_softcap = attn_softcap;
     layers_.push_back(w);
   }
 
@@ -106,7 +119,11 @@ void bind_decoder_layer(py::module_& m) {
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("rms_eps"), py::arg("input_norm"),
            py::arg("post_attention_norm"), py::arg("q_norm"), py::arg("k_norm"), py::arg("qkv"), py::arg("qkv_bias"), py::arg("o"), py::arg("gate_up"),
            py::arg("down"), py::arg("k_cache"), py::arg("v_cache"), py::arg("kv_dtype"), py::arg("num_blocks"),
-           py::arg("block_size"), py::arg("window") = 0, "Append a layer (addresses; weights as (N, K, bits, codes, scales, mins, sub_scales)).")
+           py::arg("block_size"), py::arg("window") = 0, py::arg("pre_feedforward_norm") = 0,
+           py::arg("post_feedforward_norm") = 0, py::arg("activation") = 0, py::arg("rope_cos") = 0,
+           py::arg("rope_sin") = 0, py::arg("rope_max_positions") = 0, py::arg("attn_softcap") = 0.0f,
+           "Append a layer (addresses; weights as (N, K, bits, codes, scales, mins, sub_scales)); the "
+           "arguments after window describe Gemma's layer (decoder_layer.h), activation 0 SiLU, 1 GELU-tanh.")
       .def_property_readonly("num_layers", &DecoderStack::num_layers)
       .def(
           "forward",

@@ -38,8 +38,10 @@ void bind_layer_ops(py::module_& m) {
   m.def(
       "silu_and_mul",
       [](std::uintptr_t gate_up, int64_t gate_up_stride, std::uintptr_t out, int64_t out_stride, int64_t rows,
-         int64_t inter) {
+         int64_t inter, int32_t activation) {
+        if (activation != 0 && activation != 1) throw std::invalid_argument("activation is 0 (SiLU) or 1 (GELU-tanh)");
         SiluMulArgs a;
+        a.activation = static_cast<GatedActivation>(activation);
         a.gate_up = from_address<const float>(gate_up);
         a.gate_up_stride = gate_up_stride;
         a.out = from_address<float>(out);
@@ -49,7 +51,8 @@ void bind_layer_ops(py::module_& m) {
         run_without_gil([&] { return silu_and_mul(a); });
       },
       py::arg("gate_up"), py::arg("gate_up_stride"), py::arg("out"), py::arg("out_stride"), py::arg("rows"),
-      py::arg("inter"), "out = silu(gate) * up over fp32 rows [gate | up] (pointers).");
+      py::arg("inter"), py::arg("activation") = 0,
+      "out = act(gate) * up over fp32 rows [gate | up] (pointers); activation 0 SiLU, 1 GELU-tanh.");
   m.def(
       "rotary_inplace",
       [](std::uintptr_t x, int64_t stride_token, int64_t stride_head, int64_t tokens, int64_t heads, int64_t head_dim,

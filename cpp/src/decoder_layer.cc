@@ -86,9 +86,10 @@ Status attention(const DecoderLayerWeights& w, const DecoderStepArgs& s, float* 
   r.tokens = s.num_tokens;
   r.heads = w.num_q_heads + w.num_kv_heads;
   r.head_dim = w.head_dim;
-  r.cos = s.rope_cos;
-  r.sin = s.rope_sin;
-  r.max_positions = s.rope_max_positions;
+  const bool own_rope = w.rope_cos != nullptr;  // Gemma 3's local layers
+  r.cos = own_rope ? w.rope_cos : s.rope_cos;
+  r.sin = own_rope ? w.rope_sin : s.rope_sin;
+  r.max_positions = own_rope ? w.rope_max_positions : s.rope_max_positions;
   r.positions = s.positions;
   TRILLIUM_RETURN_IF_ERROR(rotary_inplace(r));
 
@@ -135,6 +136,7 @@ Status attention(const DecoderLayerWeights& w, const DecoderStepArgs& s, float* 
   a.block_table_stride = s.block_table_stride;
   a.scale = s.attn_scale;
   a.window = w.window;
+  a.softcap = w.attn_softcap;
   a.num_threads = s.num_threads;
   return s.decode ? paged_attention_decode(a) : paged_attention_extend(a);
 }
@@ -156,6 +158,10 @@ Status decoder_layer(const DecoderLayerWeights& w, const DecoderStepArgs& s, flo
       w.gate_up.in_features() != w.hidden || w.down.out_features != w.hidden || w.down.in_features != w.intermediate) {
     return Status::InvalidArgument("decoder_layer: projection shapes do not match the layer's sizes");
   }
+  if ((w.pre_feedforward_norm == nullptr) != (w.post_feedforward_norm == nullptr) ||
+      (w.rope_cos == nullptr) != (w.rope_sin == nullptr)) {
+    return Status::InvalidArgument("decoder_layer: pre/post_feedforward_norm, and rope_cos/rope_sin, come in pairs");
+  }
   if (s.num_tokens == 0) return Status::Ok();
   const int64_t T = s.num_tokens;
   float* x = scratch;
@@ -173,7 +179,13 @@ Status decoder_layer(const DecoderLayerWeights& w, const DecoderStepArgs& s, flo
   TRILLIUM_RETURN_IF_ERROR(linear(s, x, w.hidden, w.qkv, w.qkv_bias, qkv));
   TRILLIUM_RETURN_IF_ERROR(attention(w, s, qkv, attn));
   TRILLIUM_RETURN_IF_ERROR(linear(s, attn, q_width(w), w.o, nullptr, hidden));
-  TRILLIUM_RETURN_IF_ERROR(norm(w, s, hidden, residual, w.post_attention_norm, x));  // residual += o
+  const bool sandwich = w.pre_feedforward_norm != nullptr;  // Gemma
+  if (sandwich) {
+    TRILLIUM_RETURN_IF_ERROR(norm(w, s, hidden, nullptr, w.post_attention_norm, hidden));
+    TRILLIUM_RETURN_IF_ERROR(norm(w, s, hidden, residual, w.pre_feedforward_norm, x));  // residual += o
+  } else {
+    TRILLIUM_RETURN_IF_ERROR(norm(w, s, hidden, residual, w.post_attention_norm, x));  // residual += o
+  }
   TRILLIUM_RETURN_IF_ERROR(linear(s, x, w.hidden, w.gate_up, nullptr, gate_up));
   SiluMulArgs m;
   m.gate_up = gate_up;
@@ -182,8 +194,10 @@ Status decoder_layer(const DecoderLayerWeights& w, const DecoderStepArgs& s, flo
   m.out_stride = w.intermediate;
   m.rows = T;
   m.inter = w.intermediate;
+  m.activation = w.activation;
   TRILLIUM_RETURN_IF_ERROR(silu_and_mul(m));
-  return linear(s, act, w.intermediate, w.down, nullptr, hidden);
+  TRILLIUM_RETURN_IF_ERROR(linear(s, act, w.intermediate, w.down, nullptr, hidden));
+  return sandwich ? norm(w, s, hidden, nullptr, w.post_feedforward_norm, hidden) : Status::Ok();
 }
 
 #undef TRILLIUM_RETURN_IF_ERROR

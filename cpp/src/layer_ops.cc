@@ -47,10 +47,19 @@ void rms_norm_row_portable(const RmsNormArgs& a, int64_t r) {
   for (int64_t i = 0; i < a.hidden; ++i) out[i] = a.weight[i] * (src[i] * inv);
 }
 
+// GELU-tanh as g * sigmoid(2u) (layer_ops.h): the exponent -2u = g * (kGeluA + kGeluB * g^2).
+constexpr float kGeluA = -1.5957691216057308f;              // -2 * sqrt(2 / pi)
+constexpr float kGeluB = -1.5957691216057308f * 0.044715f;  // -2 * sqrt(2 / pi) * 0.044715
+
+// The exponent whose exp gives act(g) = g / (1 + exp(exponent)).
+inline float gate_exponent(const SiluMulArgs& a, float g) {
+  return a.activation == GatedActivation::kGeluTanh ? g * (kGeluA + kGeluB * g * g) : -g;
+}
+
 void silu_row_portable(const SiluMulArgs& a, int64_t r) {
   const float* g = a.gate_up + r * a.gate_up_stride;
   float* out = a.out + r * a.out_stride;
-  for (int64_t i = 0; i < a.inter; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * g[a.inter + i];
+  for (int64_t i = 0; i < a.inter; ++i) out[i] = g[i] / (1.0f + std::exp(gate_exponent(a, g[i]))) * g[a.inter + i];
 }
 
 void rotary_token_portable(const RotaryArgs& a, int64_t t) {
@@ -130,13 +139,17 @@ void silu_row(const SiluMulArgs& a, int64_t r) {
   const float* g = a.gate_up + r * a.gate_up_stride;
   float* out = a.out + r * a.out_stride;
   const int64_t n8 = a.inter / 8 * 8;
-  const __m256 one = _mm256_set1_ps(1.0f), neg_log2e = _mm256_set1_ps(-1.4426950408889634f);
+  const __m256 one = _mm256_set1_ps(1.0f), log2e = _mm256_set1_ps(1.4426950408889634f);
+  const bool gelu = a.activation == GatedActivation::kGeluTanh;
+  const __m256 ga = _mm256_set1_ps(kGeluA), gb = _mm256_set1_ps(kGeluB), neg_one = _mm256_set1_ps(-1.0f);
   for (int64_t i = 0; i < n8; i += 8) {
     const __m256 gv = _mm256_loadu_ps(g + i);
-    const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, exp2x8(_mm256_mul_ps(gv, neg_log2e))));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(g + a.inter + i)));
+    // exp(e) = exp2(e * log2(e)); e = -g (SiLU) or g * (A + B g^2) (GELU-tanh)
+    const __m256 e = gelu ? _mm256_mul_ps(gv, _mm256_fmadd_ps(gb, _mm256_mul_ps(gv, gv), ga)) : _mm256_mul_ps(gv, neg_one);
+    const __m256 act = _mm256_div_ps(gv, _mm256_add_ps(one, exp2x8(_mm256_mul_ps(e, log2e))));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(act, _mm256_loadu_ps(g + a.inter + i)));
   }
-  for (int64_t i = n8; i < a.inter; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * g[a.inter + i];
+  for (int64_t i = n8; i < a.inter; ++i) out[i] = g[i] / (1.0f + std::exp(gate_exponent(a, g[i]))) * g[a.inter + i];
 }
 
 void rotary_token(const RotaryArgs& a, int64_t t) {

@@ -227,6 +227,13 @@ class DecoderStack:
         num_blocks: int,
         block_size: int,
         window: int = 0,
+        pre_feedforward_norm: int = 0,
+        post_feedforward_norm: int = 0,
+        activation: int = 0,
+        rope_cos: int = 0,
+        rope_sin: int = 0,
+        rope_max_positions: int = 0,
+        attn_softcap: float = 0.0,
     ) -> None: ...
     def forward(
         self,
@@ -343,8 +350,10 @@ def rms_norm(
 ) -> None:
     """RMSNorm of fp32 rows (pointers), with the residual add folded in when residual != 0."""
 
-def silu_and_mul(gate_up: int, gate_up_stride: int, out: int, out_stride: int, rows: int, inter: int) -> None:
-    """out = silu(gate) * up over fp32 rows [gate | up] (pointers)."""
+def silu_and_mul(
+    gate_up: int, gate_up_stride: int, out: int, out_stride: int, rows: int, inter: int, activation: int = 0
+) -> None:
+    """out = act(gate) * up over fp32 rows [gate | up] (pointers); activation 0 SiLU, 1 GELU-tanh."""
 
 def rotary_inplace(
     x: int,

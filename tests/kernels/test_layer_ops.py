@@ -1,4 +1,4 @@
-"""Fused decoder-layer ops (``_core.rms_norm``, ``silu_and_mul``, ``rotary_inplace``) against the
+"""Fused decoder-layer ops (``_core.rms_norm``, ``silu_and_mul`` with SiLU or GELU-tanh, ``rotary_inplace``) against the
 torch formulas they replace, on fresh random inputs, every ISA this CPU runs."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from trillium import _core
 from trillium.models.layers import apply_rotary
-from trillium.ops.layer_ops import rms_norm, rotary_inplace, silu_and_mul
+from trillium.ops.layer_ops import GELU_TANH, rms_norm, rotary_inplace, silu_and_mul
 
 ISAS = _core.supported_kernel_isas()
 
@@ -51,6 +51,20 @@ def test_silu_and_mul(isa, rows, inter):
     gate_up = torch.randn(rows, 2 * inter, generator=gen()) * 6  # well into both tails of silu
     gate, up = gate_up.split(inter, dim=-1)
     torch.testing.assert_close(silu_and_mul(gate_up), F.silu(gate) * up, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("rows,inter", [(1, 2048), (5, 20), (33, 640)])
+def test_gelu_tanh_and_mul(isa, rows, inter):
+    """Gemma's gate: GELU with the tanh approximation, computed as g * sigmoid(2u)."""
+    _core.set_kernel_isa(isa)
+    gate_up = torch.randn(rows, 2 * inter, generator=gen()) * 6
+    gate_up[0, :4] = torch.tensor([0.0, -30.0, 30.0, 1e20])  # the tails and a cube that overflows
+    gate, up = gate_up.split(inter, dim=-1)
+    # In fp64: torch's fp32 0.5 g (1 + tanh(u)) cancels in the negative tail (1 + tanh(u) of
+    # u < -8 rounds to a few ulps of 1 or to 0), where g * sigmoid(2u) keeps its precision.
+    expected = (F.gelu(gate.double(), approximate="tanh") * up.double()).float()
+    torch.testing.assert_close(silu_and_mul(gate_up, GELU_TANH), expected, rtol=4e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -13,8 +13,9 @@ differences.
 Norm weights are used as they are: Gemma computes ``x_normed * (1 + w)``, and the loaders hand over
 ``1 + w`` (llama.cpp's converter already stores it so; the Hugging Face loader adds the 1). Weights
 arrive under Hugging Face names through :meth:`LlamaForCausalLM.load_weights`, fused the same way,
-so quantized GGUF projections and the quantized token table work as for Llama. The one-call
-decoder stack (C++) covers Llama's layer only; Gemma runs per operation through the same kernels.
+so quantized GGUF projections and the quantized token table work as for Llama. With quantized projections on fp32 CPU activations the
+layers run in the core's one-call decoder stack (its Gemma fields: sandwich norms, GELU-tanh, the
+local layers' RoPE table, soft-capping), through the same kernels as the per-operation path.
 """
 
 from __future__ import annotations
@@ -27,14 +28,21 @@ from trillium.models.config import ModelConfig
 from trillium.models.layers import RMSNorm, RopeStep, RotaryEmbedding
 from trillium.models.llama import KVCache, LlamaAttention, LlamaForCausalLM, LlamaMLP
 from trillium.ops.attention import AttentionMetadata
+from trillium.ops.decoder_stack import GemmaLayerParts
+from trillium.ops.layer_ops import GELU_TANH, fused_ok, silu_and_mul
 
 
 class GemmaMLP(LlamaMLP):
     """Llama's fused gate/up and down projections, with GELU (tanh approximation) for SiLU."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        out: torch.Tensor = self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        gate_up = self.gate_up_proj(x)
+        if fused_ok(gate_up):  # the core's op, as the one-call stack computes it
+            activated = silu_and_mul(gate_up, GELU_TANH)
+        else:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            activated = F.gelu(gate, approximate="tanh") * up
+        out: torch.Tensor = self.down_proj(activated)
         return out
 
 
@@ -87,7 +95,6 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__(config, dtype)
-        self.fused_layers = False  # the C++ stack runs Llama's layer shape only
         # Local (sliding) layers rotate with their own base; global ones with the main one.
         self.rotary_local = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_local_theta or config.rope_theta, None
@@ -103,6 +110,19 @@ class GemmaForCausalLM(LlamaForCausalLM):
         model.rotary_local.build(inv_freq=None, device=device)
         return model
 
+    def _gemma_parts(self, index: int) -> GemmaLayerParts:
+        layer = self.layers[index]
+        assert isinstance(layer, GemmaDecoderLayer)
+        local = layer.local
+        return GemmaLayerParts(
+            pre_feedforward_norm=layer.pre_feedforward_layernorm.weight,
+            post_feedforward_norm=layer.post_feedforward_layernorm.weight,
+            gelu_tanh=True,
+            rope_cos=self.rotary_local.cos if local else None,
+            rope_sin=self.rotary_local.sin if local else None,
+            attn_softcap=layer.self_attn.softcap,
+        )
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         # Gemma scales the embeddings by sqrt(hidden), rounded to the weights' dtype first (as HF).
         scale = torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32).to(self.dtype)
@@ -117,12 +137,18 @@ class GemmaForCausalLM(LlamaForCausalLM):
     ) -> torch.Tensor:
         hidden = self.embed(input_ids)
         rope_global = self.rotary.for_step(positions, hidden.dtype)
-        rope_local = self.rotary_local.for_step(positions, hidden.dtype)
         residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            assert isinstance(layer, GemmaDecoderLayer)
-            rope = rope_local if layer.local else rope_global
-            hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
+        stack = self._decoder_stack(kv_caches, hidden, rope_global)
+        if stack is not None:  # the local layers' RoPE tables were bound with them
+            hidden, residual = stack.forward(
+                hidden, rope_global.positions, rope_global.table_cos, rope_global.table_sin, meta
+            )
+        else:
+            rope_local = self.rotary_local.for_step(positions, hidden.dtype)
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                assert isinstance(layer, GemmaDecoderLayer)
+                rope = rope_local if layer.local else rope_global
+                hidden, residual = layer(hidden, residual, rope, kv_cache, meta)
         normed: torch.Tensor
         normed, _ = self.norm(hidden, residual)
         return normed

@@ -16,7 +16,7 @@ from torch import nn
 from trillium.models.config import ModelConfig
 from trillium.models.layers import RMSNorm, RopeStep, RotaryEmbedding, rotate_
 from trillium.ops.attention import AttentionMetadata, fresh_prefill_attention, paged_attention, store_kv
-from trillium.ops.decoder_stack import DecoderStack, LayerShape
+from trillium.ops.decoder_stack import DecoderStack, GemmaLayerParts, LayerShape
 from trillium.ops.layer_ops import fused_ok, silu_and_mul
 from trillium.ops.quant_linear import BoundQuantLinear, QuantWeight, quant_linear
 
@@ -240,8 +240,8 @@ class LlamaForCausalLM(nn.Module):
             return None
         if self._stack is not None and self._stack[0] is kv_caches:
             return self._stack[1]
-        cfg, first = self.config, self.layers[0]
-        assert isinstance(first, LlamaDecoderLayer)
+        cfg, first_attn = self.config, self.layers[0].self_attn
+        assert isinstance(first_attn, LlamaAttention)
         shape = LayerShape(
             cfg.hidden_size,
             cfg.intermediate_size,
@@ -249,20 +249,22 @@ class LlamaForCausalLM(nn.Module):
             cfg.num_kv_heads,
             cfg.head_dim,
             cfg.rms_norm_eps,
-            first.self_attn.scale,
+            first_attn.scale,
         )
         stack = DecoderStack(shape, self.int8_activations)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            assert isinstance(layer, LlamaDecoderLayer)
-            attn, mlp = layer.self_attn, layer.mlp
+        for index, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            attn, mlp = layer.self_attn, layer.mlp  # Llama's (or a subclass's, Gemma's) attention and MLP
+            input_norm, post_attention_norm = layer.input_layernorm, layer.post_attention_layernorm
+            assert isinstance(attn, LlamaAttention) and isinstance(mlp, LlamaMLP)
+            assert isinstance(input_norm, RMSNorm) and isinstance(post_attention_norm, RMSNorm)
             projections = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
             quant = [p for p in projections if isinstance(p, QuantLinear)]
             if len(quant) != len(projections):
                 return None
             qkv, o, gate_up, down = quant
             stack.add_layer(
-                layer.input_layernorm.weight,
-                layer.post_attention_layernorm.weight,
+                input_norm.weight,
+                post_attention_norm.weight,
                 None if attn.q_norm is None else attn.q_norm.weight,
                 None if attn.k_norm is None else attn.k_norm.weight,
                 qkv.parts,
@@ -273,9 +275,14 @@ class LlamaForCausalLM(nn.Module):
                 k_cache,
                 v_cache,
                 window=attn.window,
+                gemma=self._gemma_parts(index),
             )
         self._stack = (kv_caches, stack)
         return stack
+
+    def _gemma_parts(self, index: int) -> GemmaLayerParts | None:
+        """What layer ``index`` adds to Llama's layer in the one-call stack (Gemma overrides it)."""
+        return None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
         if self.quant_head is not None:

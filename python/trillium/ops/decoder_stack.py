@@ -20,6 +20,7 @@ import torch
 from trillium import _core
 from trillium.ops.attention import AttentionMetadata
 from trillium.ops.kernel_specs import DTYPE_CODES
+from trillium.ops.layer_ops import GELU_TANH, SILU
 from trillium.ops.quant_linear import QuantWeight, _weight_args
 
 
@@ -32,6 +33,22 @@ class LayerShape:
     head_dim: int
     rms_eps: float
     attn_scale: float  # softmax scale of every layer's attention
+
+
+@dataclass(frozen=True)
+class GemmaLayerParts:
+    """What a Gemma 2/3 layer adds to Llama's (decoder_layer.h); the defaults are Llama's layer."""
+
+    pre_feedforward_norm: torch.Tensor | None = None  # [H] fp32: sandwich norms, with post_feedforward_norm
+    post_feedforward_norm: torch.Tensor | None = None
+    gelu_tanh: bool = False  # the MLP gate's activation: GELU-tanh, not SiLU
+    rope_cos: torch.Tensor | None = None  # [max_positions, D/2] fp32: the layer's own RoPE (local layers)
+    rope_sin: torch.Tensor | None = None
+    attn_softcap: float = 0.0  # > 0: attention scores soft-capped (Gemma 2)
+
+
+def _address(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
 
 
 def _weight(w: QuantWeight) -> tuple[int, int, int, int, int, int, int]:
@@ -67,14 +84,21 @@ class DecoderStack:
         down: QuantWeight,
         k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], fp32 or bf16
         v_cache: torch.Tensor,
-        window: int = 0,  # > 0: the layer's sliding-window attention (Mistral)
+        window: int = 0,  # > 0: the layer's sliding-window attention (Mistral, Gemma)
+        gemma: GemmaLayerParts | None = None,  # Gemma's differences from Llama's layer
     ) -> None:
         """Append the next layer. ValueError on a tensor the core cannot take (dtype, device,
         layout or size)."""
         s = self.shape
-        vectors = [input_norm, post_attention_norm] + [t for t in (qkv_bias, q_norm, k_norm) if t is not None]
+        g = gemma or GemmaLayerParts()
+        extra = [g.pre_feedforward_norm, g.post_feedforward_norm, g.rope_cos, g.rope_sin]
+        vectors = [input_norm, post_attention_norm] + [t for t in (qkv_bias, q_norm, k_norm, *extra) if t is not None]
         if (q_norm is None) != (k_norm is None):
             raise ValueError("q_norm and k_norm come together")
+        if (g.pre_feedforward_norm is None) != (g.post_feedforward_norm is None) or (g.rope_cos is None) != (
+            g.rope_sin is None
+        ):
+            raise ValueError("pre/post_feedforward_norm, and rope_cos/rope_sin, come together")
         if any(t.dtype != torch.float32 or not t.is_cpu or not t.is_contiguous() for t in vectors):
             raise ValueError("norm weights and the qkv bias must be contiguous fp32 CPU tensors")
         code = DTYPE_CODES.get(k_cache.dtype)
@@ -111,6 +135,13 @@ class DecoderStack:
             num_blocks=k_cache.shape[0],
             block_size=k_cache.shape[1],
             window=window,
+            pre_feedforward_norm=_address(g.pre_feedforward_norm),
+            post_feedforward_norm=_address(g.post_feedforward_norm),
+            activation=GELU_TANH if g.gelu_tanh else SILU,
+            rope_cos=_address(g.rope_cos),
+            rope_sin=_address(g.rope_sin),
+            rope_max_positions=0 if g.rope_cos is None else g.rope_cos.shape[0],
+            attn_softcap=g.attn_softcap,
         )
         self._keep += [*vectors, k_cache, v_cache]
 

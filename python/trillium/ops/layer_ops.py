@@ -1,6 +1,6 @@
 """Fused decoder-layer operations on fp32 CPU tensors: typed wrappers over ``_core``.
 
-``rms_norm`` (with the residual add folded in), ``silu_and_mul`` and ``rotary_inplace`` each
+``rms_norm`` (with the residual add folded in), ``silu_and_mul`` (or GELU-tanh) and ``rotary_inplace`` each
 replace several torch operations and their temporaries; at decode batch sizes the per-operation
 overhead, not the arithmetic, is what they save. :func:`fused_ok` says when a tensor can take
 them (fp32, CPU, last dimension contiguous); callers keep the torch formula for everything else.
@@ -40,12 +40,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return out
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of [rows, 2 * inter] rows laid out ``[gate | up]`` -> [rows, inter]."""
+SILU, GELU_TANH = 0, 1  # the gate's activation (the core's GatedActivation)
+
+
+def silu_and_mul(gate_up: torch.Tensor, activation: int = SILU) -> torch.Tensor:
+    """``silu(gate) * up`` of [rows, 2 * inter] rows laid out ``[gate | up]`` -> [rows, inter];
+    with ``GELU_TANH``, ``gelu(gate, approximate="tanh") * up`` (Gemma) to fp32 rounding."""
     rows, width = gate_up.shape
     inter = width // 2
     out = torch.empty(rows, inter, dtype=torch.float32)
-    _core.silu_and_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), inter, rows, inter)
+    _core.silu_and_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), inter, rows, inter, activation)
     return out
 
 

@@ -10,7 +10,11 @@
 //   hidden = (silu(x @ W_gate^T) * (x @ W_up^T)) @ W_down^T
 //
 // so `hidden` leaves as this layer's MLP output and `residual` as the stream before it (the next
-// layer, or the model's final norm, adds them). Each step runs every layer through the same
+// layer, or the model's final norm, adds them). Gemma 2/3's layer differs where its fields are set:
+// sandwich norms (pre_feedforward_norm given: o is normed on its own by post_attention_norm, then
+// added to the residual and normed by pre_feedforward_norm; the MLP output is normed by
+// post_feedforward_norm), GELU-tanh for SiLU (activation), its own RoPE table on local layers
+// (rope_cos / rope_sin) and soft-capped attention scores (attn_softcap, Gemma 2). Each step runs every layer through the same
 // kernels the per-operation API exposes (layer_ops.h, quant_linear.h, kv_store.h,
 // paged_attention.h), with identical arithmetic: a host may mix both paths and get the same
 // numbers. What it saves is the host's per-operation dispatch, ~10 calls per layer.
@@ -19,6 +23,7 @@
 #include <cstdint>
 
 #include "trillium/kernels/dtype.h"
+#include "trillium/kernels/layer_ops.h"
 #include "trillium/kernels/quant_linear.h"
 #include "trillium/status.h"
 
@@ -44,6 +49,14 @@ struct DecoderLayerWeights {
   DType kv_dtype = DType::kF32;
   int32_t num_blocks = 0, block_size = 0;
   int32_t window = 0;  // > 0: this layer's sliding-window attention (paged_attention.h), e.g. Mistral
+  // Gemma (see the top of this file); the defaults are Llama's layer.
+  const float* pre_feedforward_norm = nullptr;   // [H], or null: no sandwich norms
+  const float* post_feedforward_norm = nullptr;  // [H]; given with pre_feedforward_norm
+  GatedActivation activation = GatedActivation::kSilu;
+  const float* rope_cos = nullptr;  // [rope_max_positions, D/2]: this layer's own table, or null: the step's
+  const float* rope_sin = nullptr;
+  int64_t rope_max_positions = 0;
+  float attn_softcap = 0.0f;  // > 0: scores soft-capped (paged_attention.h)
 };
 
 // One step's batch (shared by every layer): T new tokens of R requests, flattened request-major,

@@ -1,5 +1,5 @@
 // The small fused operations of a Llama-family decoder layer, on fp32 rows: RMSNorm with the
-// residual add folded in, SiLU(gate) * up, and rotate-half RoPE applied in place. Each replaces
+// residual add folded in, SiLU(gate) * up (or GELU-tanh(gate) * up), and rotate-half RoPE applied in place. Each replaces
 // five to ten separate tensor operations (and their temporaries) of the torch version, which at
 // decode batch sizes cost more in per-operation overhead than in arithmetic.
 //
@@ -31,7 +31,13 @@ struct RmsNormArgs {
 };
 Status rms_norm(const RmsNormArgs& a);
 
-// out[r][i] = silu(gate_up[r][i]) * gate_up[r][inter + i], silu(g) = g / (1 + exp(-g)).
+// The gate's activation in a gated MLP: SiLU (Llama), or GELU with the tanh approximation (Gemma),
+// computed as g * sigmoid(2u) -- the same value as 0.5 g (1 + tanh(u)) -- with
+// u = sqrt(2 / pi) * (g + 0.044715 g^3), so that both share one exp.
+enum class GatedActivation : int32_t { kSilu = 0, kGeluTanh = 1 };
+
+// out[r][i] = act(gate_up[r][i]) * gate_up[r][inter + i]; silu(g) = g / (1 + exp(-g)),
+// gelu_tanh(g) = g / (1 + exp(-2u)) (see GatedActivation).
 struct SiluMulArgs {
   const float* gate_up = nullptr;  // [rows, 2 * inter]
   int64_t gate_up_stride = 0;
@@ -39,6 +45,7 @@ struct SiluMulArgs {
   int64_t out_stride = 0;
   int64_t rows = 0;
   int64_t inter = 0;
+  GatedActivation activation = GatedActivation::kSilu;
 };
 Status silu_and_mul(const SiluMulArgs& a);
 
