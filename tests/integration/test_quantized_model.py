@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.paged import assert_stack_equals_per_operation
 from trillium.models import default_model_path, load_model
 from trillium.models.llama import QuantLinear
 from trillium.models.registry import can_run_quantized
@@ -107,24 +108,5 @@ def test_one_call_decoder_stack_equals_the_per_operation_path(models, exact_mode
     mixed step (one prompt being prefilled, two requests decoding) gives bit-identical hidden
     states and KV to the per-operation Python path, in both activation modes."""
     model = models[1] if int8 else exact_model
-    block_size, torch_gen = 16, torch.Generator().manual_seed(0)
-    query_lens, context_lens = [37, 1, 1], [37, 90, 18]
     tables = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10, 11]]
-    meta = AttentionMetadata.build(query_lens, context_lens, tables, block_size)
-    input_ids = torch.randint(0, model.config.vocab_size, (sum(query_lens),), generator=torch_gen)
-    positions = torch.tensor([p for q, c in zip(query_lens, context_lens) for p in range(c - q, c)])
-    results = []
-    for fused in (False, True):
-        model.fused_layers = fused
-        caches = model.allocate_kv_caches(16, block_size)
-        for k, v in caches:  # the same earlier context in both runs
-            k.copy_(torch.randn(k.shape, generator=torch.Generator().manual_seed(1)))
-            v.copy_(torch.randn(v.shape, generator=torch.Generator().manual_seed(2)))
-        with torch.inference_mode():
-            results.append((model(input_ids, positions, caches, meta), caches))
-    model.fused_layers = True
-    (eager, eager_caches), (fused_out, fused_caches) = results
-    assert model._stack is not None and model._stack[0] is fused_caches  # the fused run did use it
-    assert torch.equal(fused_out, eager)
-    for (k0, v0), (k1, v1) in zip(eager_caches, fused_caches):
-        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    assert_stack_equals_per_operation(model, [37, 1, 1], [37, 90, 18], tables, 16)

@@ -16,11 +16,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.paged import prefill_and_greedy
+from tests.paged import assert_stack_equals_per_operation, prefill_and_greedy
 from tests.tiny_gguf import build
 from trillium.models import load_model
 from trillium.models.llama import QuantLinear
-from trillium.ops.attention import AttentionMetadata
 
 KINDS = ["llama", "llama3", "mistral", "mistral_swa", "qwen2", "qwen3", "gemma2", "gemma3"]
 
@@ -60,24 +59,5 @@ def test_one_call_decoder_stack_equals_the_per_operation_path(tiny):
     order: a mixed step (one prompt prefilled, two requests decoding) gives bit-identical hidden
     states and KV both ways."""
     _, path, _ = tiny
-    model, config = load_model(path, torch.float32, progress=False, quantized=True)
-    block_size, gen = 4, torch.Generator().manual_seed(0)
-    query_lens, context_lens = [11, 1, 1], [11, 14, 5]
-    tables = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    meta = AttentionMetadata.build(query_lens, context_lens, tables, block_size)
-    input_ids = torch.randint(0, config.vocab_size, (sum(query_lens),), generator=gen)
-    positions = torch.tensor([p for q, c in zip(query_lens, context_lens) for p in range(c - q, c)])
-    results = []
-    for fused in (False, True):
-        model.fused_layers = fused
-        caches = model.allocate_kv_caches(10, block_size)
-        for k, v in caches:  # the same earlier context in both runs
-            k.copy_(torch.randn(k.shape, generator=torch.Generator().manual_seed(1)))
-            v.copy_(torch.randn(v.shape, generator=torch.Generator().manual_seed(2)))
-        with torch.inference_mode():
-            results.append((model(input_ids, positions, caches, meta), caches))
-    (eager, eager_caches), (fused_out, fused_caches) = results
-    assert model._stack is not None and model._stack[0] is fused_caches  # the fused run did use it
-    assert torch.equal(fused_out, eager)
-    for (k0, v0), (k1, v1) in zip(eager_caches, fused_caches, strict=True):
-        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    model, _ = load_model(path, torch.float32, progress=False, quantized=True)
+    assert_stack_equals_per_operation(model, [11, 1, 1], [11, 14, 5], [[1, 2, 3], [4, 5, 6, 7], [8, 9]], 4)
