@@ -14,10 +14,12 @@
 // sandwich norms (pre_feedforward_norm given: o is normed on its own by post_attention_norm, then
 // added to the residual and normed by pre_feedforward_norm; the MLP output is normed by
 // post_feedforward_norm), GELU-tanh for SiLU (activation), its own RoPE table on local layers
-// (rope_cos / rope_sin) and soft-capped attention scores (attn_softcap, Gemma 2). Each step runs every layer through the same
-// kernels the per-operation API exposes (layer_ops.h, quant_linear.h, kv_store.h,
-// paged_attention.h), with identical arithmetic: a host may mix both paths and get the same
-// numbers. What it saves is the host's per-operation dispatch, ~10 calls per layer.
+// (rope_cos / rope_sin) and soft-capped attention scores (attn_softcap, Gemma 2).
+//
+// Each step runs every layer through the same kernels the per-operation API exposes (layer_ops.h,
+// quant_linear.h, kv_store.h, paged_attention.h), with identical arithmetic: a host may mix both
+// paths and get the same numbers. What it saves is the host's per-operation dispatch, ~10 calls per
+// layer.
 #pragma once
 
 #include <cstdint>
