@@ -190,7 +190,7 @@ def main() -> None:
             "prompts": "synthetic" if args.synthetic else os.path.basename(args.prompts),
             "seed": args.seed,
             "machine": machine.describe(),
-            "command": " ".join(sys.argv),
+            "command": machine.without_root(" ".join(sys.argv)),  # the repository path is no result
             "rows": rows,
         }
         with open(args.result_file, "w") as f:
