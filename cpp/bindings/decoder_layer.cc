@@ -51,10 +51,6 @@ class DecoderStack {
                  int32_t block_size, int32_t window, std::uintptr_t pre_feedforward_norm,
                  std::uintptr_t post_feedforward_norm, int32_t activation, std::uintptr_t rope_cos,
                  std::uintptr_t rope_sin, int64_t rope_max_positions, float attn_softcap) {
-    if (activation != static_cast<int32_t>(GatedActivation::kSilu) &&
-        activation != static_cast<int32_t>(GatedActivation::kGeluTanh)) {
-      throw std::invalid_argument("activation is 0 (SiLU) or 1 (GELU-tanh)");
-    }
     DecoderLayerWeights w;
     w.hidden = hidden;
     w.intermediate = intermediate;
@@ -79,7 +75,7 @@ class DecoderStack {
     w.window = window;
     w.pre_feedforward_norm = from_address<const float>(pre_feedforward_norm);
     w.post_feedforward_norm = from_address<const float>(post_feedforward_norm);
-    w.activation = static_cast<GatedActivation>(activation);
+    w.activation = to_activation(activation);
     w.rope_cos = from_address<const float>(rope_cos);
     w.rope_sin = from_address<const float>(rope_sin);
     w.rope_max_positions = rope_max_positions;

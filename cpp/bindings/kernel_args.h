@@ -1,5 +1,5 @@
 // What every kernel binding shares, in both modules (_core and _cuda): addresses (Python ints from
-// tensor.data_ptr()) as typed pointers, dtype codes as trillium::DType, and the pybind11 caster
+// tensor.data_ptr()) as typed pointers, dtype and activation codes as enums, and the pybind11 caster
 // that reads a spec struct from a Python object BY FIELD NAME (the NamedTuples of
 // python/trillium/ops/kernel_specs.py). Positional tuples are not accepted: a spec whose fields
 // are reordered on one side would otherwise be misread without an error.
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "trillium/kernels/dtype.h"
+#include "trillium/kernels/layer_ops.h"
 
 namespace trillium::bindings {
 
@@ -27,6 +28,15 @@ inline DType to_dtype(int32_t code) {
   const auto t = static_cast<DType>(code);
   if (!valid_dtype(t)) throw std::invalid_argument("unknown dtype code " + std::to_string(code));
   return t;
+}
+
+// A gated-MLP activation code (trillium::GatedActivation: 0 SiLU, 1 GELU-tanh). std::invalid_argument
+// (ValueError) for any other code.
+inline GatedActivation to_activation(int32_t code) {
+  if (code != static_cast<int32_t>(GatedActivation::kSilu) && code != static_cast<int32_t>(GatedActivation::kGeluTanh)) {
+    throw std::invalid_argument("activation is 0 (SiLU) or 1 (GELU-tanh), got " + std::to_string(code));
+  }
+  return static_cast<GatedActivation>(code);
 }
 
 // Reads attribute `name` of `src` into *out through pybind11's caster for T. Returns false, with

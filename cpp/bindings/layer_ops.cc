@@ -39,9 +39,8 @@ void bind_layer_ops(py::module_& m) {
       "silu_and_mul",
       [](std::uintptr_t gate_up, int64_t gate_up_stride, std::uintptr_t out, int64_t out_stride, int64_t rows,
          int64_t inter, int32_t activation) {
-        if (activation != 0 && activation != 1) throw std::invalid_argument("activation is 0 (SiLU) or 1 (GELU-tanh)");
         SiluMulArgs a;
-        a.activation = static_cast<GatedActivation>(activation);
+        a.activation = to_activation(activation);
         a.gate_up = from_address<const float>(gate_up);
         a.gate_up_stride = gate_up_stride;
         a.out = from_address<float>(out);

@@ -113,13 +113,12 @@ class GemmaForCausalLM(LlamaForCausalLM):
     def _gemma_parts(self, index: int) -> GemmaLayerParts:
         layer = self.layers[index]
         assert isinstance(layer, GemmaDecoderLayer)
-        local = layer.local
         return GemmaLayerParts(
             pre_feedforward_norm=layer.pre_feedforward_layernorm.weight,
             post_feedforward_norm=layer.post_feedforward_layernorm.weight,
             gelu_tanh=True,
-            rope_cos=self.rotary_local.cos if local else None,
-            rope_sin=self.rotary_local.sin if local else None,
+            rope_cos=self.rotary_local.cos if layer.local else None,
+            rope_sin=self.rotary_local.sin if layer.local else None,
             attn_softcap=layer.self_attn.softcap,
         )
 
