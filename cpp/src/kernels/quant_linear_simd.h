@@ -344,7 +344,7 @@ void panel_rows(const float* x, int64_t x_stride, const float* panel, int64_t pa
   }
 }
 
-// Few rows (decode of one to three requests): dequantize straight into registers instead of a
+// Few rows (decode of a few requests, or one verifying its drafts): dequantize straight into registers instead of a
 // panel. Same w = fma(code, scale, min) and the same fma order along k as panel_tile, so a row's
 // result does not depend on how many rows came with it.
 template <int MR, int NG, int BITS>
@@ -380,7 +380,7 @@ void direct_tile(const float* x, int64_t x_stride, const QuantWeightView& w, int
         for (int jg = 0; jg < NG; ++jg) {
           wv[jg] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_code<BITS>(src[jg], j)), d[jg], m[jg]);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
           const __m256 xv = _mm256_broadcast_ss(x + (r0 + r) * x_stride + k);
 #pragma GCC unroll 4
@@ -409,12 +409,15 @@ void direct_rows(const float* x, int64_t x_stride, const QuantWeightView& w, int
   int64_t g = group_begin;
   // 4 groups wherever the registers allow: 1 or 2 rows of 2 groups are 2 or 4 independent fma
   // chains, which leave the FMA units waiting on latency (2 rows took 1.8x the time of 4); 3 rows
-  // of 4 groups need 30 registers (AVX2's 16 would spill).
+  // of 4 groups need 30 registers (AVX2's 16 would spill). From 4 rows one group: MR chains, and
+  // MR + 5 registers (4 rows of 2 groups spilled and measured no faster).
   if constexpr (MR <= 2) {
     for (; g + 4 <= group_end; g += 4) direct_tile<MR, 4, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
   }
-  for (; g + 2 <= group_end; g += 2) direct_tile<MR, 2, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
-  if (g < group_end) direct_tile<MR, 1, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
+  if constexpr (MR <= 3) {
+    for (; g + 2 <= group_end; g += 2) direct_tile<MR, 2, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
+  }
+  for (; g < group_end; ++g) direct_tile<MR, 1, BITS>(x, x_stride, w, r0, g, bias, out, out_stride);
 }
 
 template <int BITS>
@@ -423,7 +426,12 @@ void direct_gemm(const float* x, int64_t x_stride, const QuantWeightView& w, int
   switch (rows) {
     case 1: direct_rows<1, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
     case 2: direct_rows<2, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
-    default: direct_rows<3, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
+    case 3: direct_rows<3, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
+    case 4: direct_rows<4, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
+    case 5: direct_rows<5, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
+    case 6: direct_rows<6, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
+    case 7: direct_rows<7, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
+    default: direct_rows<8, BITS>(x, x_stride, w, row_begin, group_begin, group_end, bias, out, out_stride); break;
   }
 }
 
