@@ -8,6 +8,11 @@ each), for b = 1, 2, 4, ...; per batch size, ``break_even`` is a draft row's cos
 decoded token's cost: the chance of acceptance a draft needs to pay (``speculative.depth``).
 Speculation stands aside from the first batch size where it reaches ``NEVER_PAYS``.
 
+Each batch size's decode and verify steps are timed in turns, ``REPEATS`` of each, and the fastest
+of each kept: on a shared machine noise only ever adds time, and turns put a drift on both alike.
+(With the median of three taken one kind after the other, one slow run of verifies at batch 1 read
+a break-even of 0.91 where ~0.3 is usual, and a server never speculated in its whole life.)
+
 The timed steps write the runner's first blocks: call this before any request exists (every
 block is written before it is read, so nothing of them survives; a prefix-cached block would be
 overwritten). They run on the step thread like any step.
@@ -27,13 +32,13 @@ log = logging.getLogger("trillium.engine")
 
 NEVER_PAYS = 0.9  # a draft would need this chance of acceptance: speculation stands aside
 CONTEXT = 64  # tokens each timed request has in KV: a short chat turn
-REPEATS = 3  # timings per point; the median is kept
+REPEATS = 5  # timings of each kind per batch size; the fastest is kept
 
 
 @dataclasses.dataclass(frozen=True)
 class StepCosts:
-    """Median seconds of a decode step and of a verify step of k drafts per request, per batch
-    size timed."""
+    """Seconds of a decode step and of a verify step of k drafts per request (the fastest of
+    ``REPEATS`` each), per batch size timed."""
 
     num_speculative_tokens: int
     batch_sizes: list[int]
@@ -64,17 +69,18 @@ class StepTimer:
         prompt = [(7 * i + 11) % vocab for i in range(context)]
         runner.execute(StepInput(requests=[_request("p", prompt, 0, self.blocks, self.greedy)]))
 
-    def median_s(self, batch: int, rows: int, repeats: int = REPEATS) -> float:
-        """Median seconds of ``repeats`` such steps (``rows`` at most the ``max_rows`` given)."""
+    def step_s(self, batch: int, rows: int) -> float:
+        """Seconds of one such step (``rows`` at most the ``max_rows`` given)."""
         tokens = [(13 * j + 5) % self.vocab for j in range(rows)]
         requests = [_request(f"r{i}", tokens, self.context, self.blocks, self.greedy, rows - 1) for i in range(batch)]
         step = StepInput(requests=requests)
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            self.runner.execute(step)
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
+        start = time.perf_counter()
+        self.runner.execute(step)
+        return time.perf_counter() - start
+
+    def median_s(self, batch: int, rows: int, repeats: int = REPEATS) -> float:
+        """Median seconds of ``repeats`` such steps."""
+        return statistics.median(self.step_s(batch, rows) for _ in range(repeats))
 
 
 def measure_step_costs(runner: ModelRunner, num_speculative_tokens: int, max_batch: int) -> tuple[int, StepCosts]:
@@ -82,15 +88,19 @@ def measure_step_costs(runner: ModelRunner, num_speculative_tokens: int, max_bat
     the first whose break-even reaches ``NEVER_PAYS``: the threshold (``2 * max_batch`` when
     none does)."""
     k = num_speculative_tokens
-    timed = StepTimer(runner, CONTEXT, k + 1).median_s
-    timed(1, 1)  # warm-up: first-touch of the weights and the kernels' scratch
+    step_s = StepTimer(runner, CONTEXT, k + 1).step_s
+    step_s(1, 1)  # warm-up: first-touch of the weights and the kernels' scratch
     costs = StepCosts(k, [], [], [])
     batch = 1
     threshold = 2 * max_batch
     while batch <= max_batch:
+        decode, verify = [], []
+        for _ in range(REPEATS):  # in turns, the fastest of each kept (module doc)
+            decode.append(step_s(batch, 1))
+            verify.append(step_s(batch, k + 1))
         costs.batch_sizes.append(batch)
-        costs.decode_s.append(timed(batch, 1))
-        costs.verify_s.append(timed(batch, k + 1))
+        costs.decode_s.append(min(decode))
+        costs.verify_s.append(min(verify))
         if costs.break_even()[-1] >= NEVER_PAYS:
             threshold = batch
             break
