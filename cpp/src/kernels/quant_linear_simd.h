@@ -344,9 +344,9 @@ void panel_rows(const float* x, int64_t x_stride, const float* panel, int64_t pa
   }
 }
 
-// Few rows (decode of a few requests, or one verifying its drafts): dequantize straight into registers instead of a
-// panel. Same w = fma(code, scale, min) and the same fma order along k as panel_tile, so a row's
-// result does not depend on how many rows came with it.
+// Few rows (decode of a few requests, or one verifying its drafts): dequantize straight into
+// registers instead of a panel. Same w = fma(code, scale, min) and the same fma order along k as
+// panel_tile, so a row's result does not depend on how many rows came with it.
 template <int MR, int NG, int BITS>
 void direct_tile(const float* x, int64_t x_stride, const QuantWeightView& w, int64_t r0, int64_t g0,
                  const float* bias, float* out, int64_t out_stride) {
