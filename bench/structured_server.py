@@ -13,7 +13,8 @@ sends every schema of ``--subset`` once per seed as a chat completion with
 validates each answer with ``jsonschema``. Meanwhile a thread asks ``/health`` every 0.2 s: its
 latency is how long the event loop was held (schema checks and closing searches run there).
 Prints one JSON line: outputs by how they ended (``stop``/``length``, closed early or not,
-valid / invalid / unparsable; errors; 400s), /health latency p50 / p99 / max, wall seconds.
+flagged -- the response names a check its closing fails -- or not, valid / invalid / unparsable;
+errors; 400s), /health latency p50 / p99 / max, wall seconds.
 A benchmark, not a test.
 """
 
@@ -59,6 +60,7 @@ def outcome(response: httpx.Response | None, schema: dict) -> tuple[str, str]:
     body = response.json()
     choice = body["choices"][0]
     how = choice["finish_reason"] + (" closed" if body.get("closed_early") or choice.get("closed_early") else "")
+    how += " flagged" if choice.get("unsatisfied_check") else ""  # the server says the closing fails a check
     try:
         jsonschema.validate(json.loads(choice["message"]["content"]), schema)
         return how + " valid", ""

@@ -341,6 +341,7 @@ class StreamOutput:
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
     closed_early: bool = False  # with LENGTH: the JSON output was closed before max_tokens (TokenDelta)
+    unsatisfied_check: str | None = None  # with closed_early: the check the closing fails (TokenDelta)
 
 
 class RequestStream:
@@ -422,7 +423,14 @@ class RequestStream:
             text += self._stop.flush()
         self.finish_reason = reason
         return StreamOutput(
-            text, delta.token_ids, reason, delta.error, delta.logprobs, prompt_logprobs, delta.closed_early
+            text,
+            delta.token_ids,
+            reason,
+            delta.error,
+            delta.logprobs,
+            prompt_logprobs,
+            delta.closed_early,
+            delta.unsatisfied_check,
         )
 
     def _time_tokens(self, num_tokens: int) -> None:

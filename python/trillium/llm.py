@@ -35,6 +35,9 @@ class RequestOutput:
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
     # finish_reason "length" with a JSON constraint: the structure was closed before max_tokens.
     closed_early: bool = False
+    # With closed_early: the value check (a schema keyword beyond the grammar) that no closing
+    # within max_tokens satisfied -- the text parses but fails it. None: it passes every check.
+    unsatisfied_check: str | None = None
 
 
 class LLM:
@@ -94,7 +97,7 @@ class LLM:
                     grammar = await client.compile_grammar(sampling.structured)  # GrammarError: a ValueError
                 stream = client.open_stream(client.new_request_id("offline"), prompt_ids, sampling, grammar=grammar)
                 text, ids = [], []
-                closed = False
+                closed, unsatisfied = False, None
                 logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
                 prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
                 async for out in stream:
@@ -105,6 +108,7 @@ class LLM:
                     if out.prompt_logprobs is not None:  # the first output's
                         prompt_logprobs = out.prompt_logprobs
                     closed = closed or out.closed_early
+                    unsatisfied = unsatisfied or out.unsatisfied_check
                     if out.error:
                         raise RuntimeError(out.error)
                 assert stream.finish_reason is not None  # the stream only ends once it has a reason
@@ -118,6 +122,7 @@ class LLM:
                     logprobs,
                     prompt_logprobs,
                     closed,
+                    unsatisfied,
                 )
 
             async with trio.open_nursery() as requests:

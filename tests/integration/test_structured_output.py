@@ -267,6 +267,7 @@ def test_a_tight_allowance_returns_closed_valid_json_streamed_with_n_and_logprob
                 i = choice["index"]
                 texts[i] += choice["delta"].get("content") or ""
                 closed[i] |= choice.get("closed_early", False)
+                assert "unsatisfied_check" not in choice  # no checks beyond the grammar here
                 reasons[i] = choice["finish_reason"] or reasons[i]
                 lp_tokens[i] += len((choice.get("logprobs") or {}).get("content") or [])
     for text, was_closed, reason, n_lp in zip(texts, closed, reasons, lp_tokens):

@@ -1,4 +1,5 @@
-"""ChoiceFanout without an engine: a request's choices over several prompts, and a refusal part-way."""
+"""ChoiceFanout without an engine: a request's choices over several prompts, and a refusal part-way;
+ResponseShape's trillium extensions on a closed choice."""
 
 from __future__ import annotations
 
@@ -62,3 +63,26 @@ def test_a_refusal_part_way_aborts_what_was_opened():
     with pytest.raises(EngineOverloaded):
         ChoiceFanout(open_choice, n=2, num_prompts=3)  # type: ignore[arg-type]
     assert [s.aborted for s in opened] == [True, True]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_a_closed_choice_that_fails_a_check_says_so_in_both_shapes(chat):
+    """``closed_early`` and ``unsatisfied_check`` (trillium's extensions) on the choices they
+    concern only, whole and streamed."""
+    from trillium.server.openai_shapes import ResponseShape
+
+    shape = ResponseShape("r", "m", chat)
+    body = shape.full(
+        [("[1]", "length", None), ("[2]", "length", None), ("[3]", "stop", None)],
+        {},
+        closed_early=frozenset({0, 1}),
+        unsatisfied_checks={1: "uniqueItems: a duplicate item"},
+    )
+    first, second, third = body["choices"]
+    assert first["closed_early"] is True and "unsatisfied_check" not in first
+    assert second["closed_early"] is True and second["unsatisfied_check"] == "uniqueItems: a duplicate item"
+    assert "closed_early" not in third and "unsatisfied_check" not in third
+    (last,) = shape.chunk(1, "]", "length", closed_early=True, unsatisfied_check="x")["choices"]
+    assert last["closed_early"] is True and last["unsatisfied_check"] == "x"
+    (plain,) = shape.chunk(0, "[", None)["choices"]
+    assert "closed_early" not in plain and "unsatisfied_check" not in plain

@@ -189,6 +189,7 @@ async def run_requests(tok, requests, *, prefer_eos=True, jump_forward=True):
     )
     results = {}
     closed = actor.closed_early = {}  # request id -> its last delta's closed_early
+    unsatisfied = actor.unsatisfied_check = {}  # request id -> its last delta's unsatisfied_check
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.run)
         boxes = {}
@@ -211,6 +212,7 @@ async def run_requests(tok, requests, *, prefer_eos=True, jump_forward=True):
                 reason = delta.finish_reason
             results[rid] = (ids, reason)
             closed[rid] = delta.closed_early
+            unsatisfied[rid] = delta.unsatisfied_check
         nursery.cancel_scope.cancel()
     return results, actor, executor
 
@@ -345,6 +347,32 @@ async def test_keywords_beyond_the_grammar_are_enforced_by_checks(tok, compiler,
     jsonschema.validate(json.loads(tok.decode(ids)), schema)
     assert reason in (FinishReason.STOP, FinishReason.LENGTH)
     assert actor.stats.latest.num_rejected_tokens > 0  # the checks had to act (/stats)
+
+
+@pytest.mark.parametrize("search", ["bounded", "spent"])
+async def test_a_closed_output_that_fails_a_check_says_which(tok, compiler, monkeypatch, search):
+    """A model that never wants to end, writing unique items until max_tokens: the closing must
+    complete the array without repeating an item. The closer's checked search finds one; when its
+    budget is spent at once, the plain closing (which repeats an item) is used -- and the choice
+    says so (``unsatisfied_check``), never passing for valid."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from trillium.scheduler import policy
+
+    if search == "spent":
+        monkeypatch.setattr(policy, "CLOSE_CHECK_BUDGET", 0)
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 6, "uniqueItems": True}
+    grammar = compiler.compile(StructuredOutputs(json=schema))
+    sampling = SamplingParams(max_tokens=grammar.min_output_tokens + 3, structured=StructuredOutputs(json=schema))
+    results, actor, _ = await run_requests(tok, [("r", sampling, grammar)], prefer_eos=False)
+    ids, reason = results["r"]
+    value = json.loads(tok.decode(ids))  # parses either way
+    assert reason == FinishReason.LENGTH and actor.closed_early["r"], tok.decode(ids)
+    if search == "bounded":
+        jsonschema.validate(value, schema)
+        assert actor.unsatisfied_check["r"] is None
+    else:
+        assert len(set(value)) < len(value), value  # the plain closing repeated an item
+        assert "unique" in actor.unsatisfied_check["r"].lower(), actor.unsatisfied_check["r"]
 
 
 async def test_a_checked_top_level_number_is_checked_when_eos_ends_it(tok, compiler):

@@ -189,6 +189,9 @@ class TokenDelta(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
     # With LENGTH: the output's JSON structure was closed by the grammar's shortest completion
     # before max_tokens cut it (its last tokens were appended, not sampled: no logprobs).
     closed_early: bool = False
+    # With closed_early: the value check (a keyword beyond the grammar) that no closing within
+    # max_tokens satisfied; the output parses but fails that check. None: it passes every check.
+    unsatisfied_check: str | None = None
 
 
 class TokenizeRequest(msgspec.Struct, gc=False, kw_only=True):

@@ -94,6 +94,7 @@ def merge_deltas(old: TokenDelta, new: TokenDelta) -> TokenDelta:
         queue_time=new.queue_time,
         prompt_logprobs=old.prompt_logprobs if old.prompt_logprobs is not None else new.prompt_logprobs,
         closed_early=new.closed_early,
+        unsatisfied_check=new.unsatisfied_check,
     )
 
 
@@ -352,6 +353,7 @@ class SchedulerActor(Actor):
                 queue_time=request.first_scheduled_time - request.arrival_time,
                 prompt_logprobs=update.prompt_logprobs,
                 closed_early=update.closed_early,
+                unsatisfied_check=update.unsatisfied_check,
             )
         )
         if update.finish_reason is not None:

@@ -102,6 +102,9 @@ class RequestUpdate:
     # position 1 .. P-1 (see protocol.TokenDelta).
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     closed_early: bool = False  # the grammar's closing was appended before max_tokens (LENGTH)
+    # With closed_early: the check no closing found in the room left could satisfy (the output
+    # parses but fails it); None when the closed output passes every check.
+    unsatisfied_check: str | None = None
 
 
 class SchedulerPolicy:
@@ -278,7 +281,7 @@ class SchedulerPolicy:
             if pending is not None:  # the prefill is complete: its first token came
                 assert len(pending) == request.num_prompt_tokens - 1, (len(pending), request)
                 request.pending_prompt_logprobs = None
-            closed = False
+            closed, unsatisfied = False, None
             if reason is None and request.matcher is not None:
                 reason, error = self._jump_forward(request, new_token_ids)
             if (
@@ -292,6 +295,7 @@ class SchedulerPolicy:
                     kept, reason, error = None, FinishReason.ERROR, f"closing the output failed: {exc!r}"
                 if kept is not None:
                     reason, closed = FinishReason.LENGTH, True
+                    unsatisfied = self._unsatisfied_check(request)
                     if lp is not None:
                         lp = lp[:kept]  # the closing's tokens were not sampled: none
             if guard is not None and reason == FinishReason.ERROR:
@@ -303,7 +307,7 @@ class SchedulerPolicy:
             if reason is not None:
                 self.running.remove(request)
                 self._finish(request, reason)
-            updates.append(RequestUpdate(request, new_token_ids, reason, lp, error, pending, closed))
+            updates.append(RequestUpdate(request, new_token_ids, reason, lp, error, pending, closed, unsatisfied))
         return updates
 
     def take_finished(self) -> list[str]:
@@ -607,6 +611,16 @@ class SchedulerPolicy:
         output.extend(popped)
         guard.replay(output)
         return closing, kept
+
+    def _unsatisfied_check(self, request: Request) -> str | None:
+        """The check a just-closed output fails, if any: ``_checked_closing`` falls back to the
+        plain closing when no closing within the room passes. Said in the response
+        (``unsatisfied_check``), never returned silently as if valid."""
+        guard = request.matcher.guard if request.matcher is not None else None
+        if guard is None:
+            return None
+        failure = guard.failure(request.output_token_ids)
+        return None if failure is None else failure.message
 
     def _room(self, request: Request) -> int:
         """Output tokens the request may still produce (``max_tokens``, the context)."""

@@ -228,9 +228,11 @@ class ResponseShape:
         tool_calls: list[JSONObject] | None = None,
         prompt_logprobs: list[JSONObject | None] | None = None,
         closed_early: bool = False,
+        unsatisfied_check: str | None = None,
     ) -> JSONObject:
         """One SSE chunk of choice ``index``. ``closed_early`` (with finish reason ``length``)
-        adds ``"closed_early": true`` to the choice: trillium's extension, see :meth:`full`."""
+        adds ``"closed_early": true`` to the choice, and ``unsatisfied_check`` its message:
+        trillium's extensions, see :meth:`full`."""
         if self.chat:
             delta: JSONObject = {}
             if first:
@@ -241,15 +243,13 @@ class ResponseShape:
                 delta["tool_calls"] = tool_calls
             lp = {"content": logprobs} if logprobs is not None else None
             choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
-            if closed_early:
-                choice["closed_early"] = True
+            _mark_closed(choice, closed_early, unsatisfied_check)
             chunk = {**self._envelope("chat.completion.chunk"), "choices": [choice]}
             if prompt_logprobs is not None:
                 chunk["prompt_logprobs"] = prompt_logprobs
             return chunk
         choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
-        if closed_early:
-            choice["closed_early"] = True
+        _mark_closed(choice, closed_early, unsatisfied_check)
         if prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs
         return {**self._envelope("text_completion"), "choices": [choice]}
@@ -267,12 +267,16 @@ class ResponseShape:
         usage: JSONObject,
         prompt_logprobs: list[list[JSONObject | None] | None] | None = None,
         closed_early: frozenset[int] = frozenset(),
+        unsatisfied_checks: dict[int, str] | None = None,
     ) -> JSONObject:
         """``choices``: (text, finish_reason, formatted logprobs or None) per index;
         ``prompt_logprobs``: vLLM's, per index (chat: the first's, at the top level).
         ``closed_early``: the indexes whose JSON output was closed by its grammar's shortest
         completion before ``max_tokens`` cut it (finish reason ``length``): their choice gets
-        ``"closed_early": true``, a trillium extension (absent otherwise)."""
+        ``"closed_early": true``, a trillium extension (absent otherwise). ``unsatisfied_checks``:
+        index -> the value check (a schema keyword beyond the grammar) that a closed output
+        still fails, because no closing within ``max_tokens`` satisfied it: the choice gets
+        ``"unsatisfied_check": MESSAGE`` (the JSON parses but does not validate)."""
         body: list[JSONObject]
         if self.chat:
             body = []
@@ -295,7 +299,7 @@ class ResponseShape:
                     }
                 )
             for i in closed_early:
-                body[i]["closed_early"] = True
+                _mark_closed(body[i], True, (unsatisfied_checks or {}).get(i))
             response = {**self._envelope("chat.completion"), "choices": body, "usage": usage}
             if prompt_logprobs is not None:
                 response["prompt_logprobs"] = prompt_logprobs[0]
@@ -305,7 +309,7 @@ class ResponseShape:
             for i, (text, reason, lp) in enumerate(choices)
         ]
         for i in closed_early:
-            body[i]["closed_early"] = True
+            _mark_closed(body[i], True, (unsatisfied_checks or {}).get(i))
         if prompt_logprobs is not None:
             for choice, plp in zip(body, prompt_logprobs):
                 choice["prompt_logprobs"] = plp
@@ -318,3 +322,11 @@ def error_payload(message: str, request_id: str | None = None) -> JSONObject:
     if request_id is not None:
         message = f"{message} (request id {request_id})"
     return {"error": {"message": message, "type": "internal_error", "param": None, "code": "internal_error"}}
+
+
+def _mark_closed(choice: JSONObject, closed_early: bool, unsatisfied_check: str | None) -> None:
+    """trillium's extensions on a choice closed before ``max_tokens`` (absent otherwise)."""
+    if closed_early:
+        choice["closed_early"] = True
+        if unsatisfied_check is not None:
+            choice["unsatisfied_check"] = unsatisfied_check

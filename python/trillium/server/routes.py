@@ -679,6 +679,7 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
     vllm_prompt: list[list[JSONObject | None] | None] = [None] * n
     started = [False] * n
     closed: set[int] = set()
+    unsatisfied: dict[int, str] = {}
     try:
         while (item := await fanout.next()) is not None:
             i, out = item
@@ -695,6 +696,8 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
                 reasons[i] = out.finish_reason.openai_name
             if out.closed_early:
                 closed.add(i)
+            if out.unsatisfied_check is not None:
+                unsatisfied[i] = out.unsatisfied_check
     except EngineOverloaded as exc:
         raise overloaded(str(exc)) from None
     finally:
@@ -708,6 +711,7 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
             echo.usage(fanout.usage()),
             vllm_prompt if shape.prompt_logprobs is not None else None,
             frozenset(closed),
+            unsatisfied,
         )
     )
 
@@ -796,7 +800,16 @@ async def _sse_body(
                 if reason == FinishReason.STOP and parser.calls:
                     reason_name = "tool_calls"
             if text or reason is not None or lp:
-                yield sse.event(shape.chunk(i, text, reason_name, logprobs=lp, closed_early=out.closed_early))
+                yield sse.event(
+                    shape.chunk(
+                        i,
+                        text,
+                        reason_name,
+                        logprobs=lp,
+                        closed_early=out.closed_early,
+                        unsatisfied_check=out.unsatisfied_check,
+                    )
+                )
         account.finish()
         if include_usage:
             yield sse.event(shape.usage_chunk(echo.usage(fanout.usage())))

@@ -37,6 +37,8 @@ PREFERENCE = '"a]},0n-ft[{1:'
 MAX_REPEAT = 4
 PROGRESS_CANDIDATES = 32  # allowed characters tried for progress (each costs a mask, ~20 µs)
 NUM_VARIANTS = 8
+_STRUCTURAL = frozenset(b'"]},:')  # bytes that complete a JSON value or key
+MAX_BACKTRACKS = 64  # characters a checked closing may take back (each then tries another)
 MAX_CHARS = 1024  # a closing longer than this is not attempted (no allowance is that large)
 
 
@@ -66,11 +68,24 @@ class Closer:
         # Outside a string (``in_string`` False) a ``}`` or ``]`` that the grammar allows comes
         # before ``"``: it ends the value instead of starting an optional key.
         self._alphabets: dict[tuple[int, bool], list[int]] = {}
+        self._digit_order = self._single_tokens("0123456789")
+        self._digits = frozenset(self._digit_order)
         for k in range(NUM_VARIANTS):
             lead = str(k) + chr(ord("a") + k)
             chars = order if k == 0 else lead + "".join(c for c in order if c not in lead)
             self._alphabets[k, True] = self._single_tokens(chars)
             self._alphabets[k, False] = self._single_tokens("]}" + chars.replace("]", "").replace("}", ""))
+        # The checked search's: the other digits right after the first, so that a value a check
+        # rejects (a duplicate 0) becomes the next short one (1), not a longer -1 or 10.
+        self._checked_alphabets = {
+            key: [t for t in alphabet if t not in self._digits] for key, alphabet in self._alphabets.items()
+        }
+        for key, alphabet in self._alphabets.items():
+            first = next((i for i, t in enumerate(alphabet) if t in self._digits), None)
+            if first is not None:
+                at = self._checked_alphabets[key].index(alphabet[first - 1]) + 1 if first else 0
+                digits = [alphabet[first], *(t for t in self._digit_order if t != alphabet[first])]
+                self._checked_alphabets[key][at:at] = digits
 
     def token_bytes(self, token_id: int) -> bytes:
         return self._ll_tokenizer.decode_bytes([token_id])
@@ -105,6 +120,8 @@ class Closer:
             return None
         if matcher.is_accepting():
             return [] if checker is None or checker.finish() is None else None
+        if checker is not None:
+            return self._checked_closing(matcher, limit, variant, checker, in_string, budget)
         m = matcher.deep_copy()
         chars: list[int] = []  # the closing as single-character (or forced) tokens
         last, repeats = -1, 0
@@ -117,19 +134,11 @@ class Closer:
             if forced:
                 if not m.consume_tokens(forced):
                     return None
-                data = self._ll_tokenizer.decode_bytes(forced)
-                if checker is not None and checker.feed(data) is not None:
-                    return None
-                state = string_state(state, data)
+                state = string_state(state, self._ll_tokenizer.decode_bytes(forced))
                 chars.extend(forced)
                 last, repeats = -1, 0
                 continue
-            if checker is not None:
-                choice, checker = self._pick_checked(m, alphabet, checker, budget)
-            elif repeats >= MAX_REPEAT:
-                choice = self._pick_progress(m, alphabet)
-            else:
-                choice = self._pick(m, alphabet)
+            choice = self._pick_progress(m, alphabet) if repeats >= MAX_REPEAT else self._pick(m, alphabet)
             if choice < 0 or not m.consume_token(choice):
                 return None
             state = string_state(state, self._ll_tokenizer.decode_bytes([choice]))
@@ -140,27 +149,98 @@ class Closer:
             last = choice
         else:
             return None
-        if checker is not None and checker.finish() is not None:
-            return None
+        return self._merged(matcher, chars)
+
+    def _merged(self, matcher: llguidance.LLMatcher, chars: list[int]) -> list[int]:
+        """``chars`` re-tokenized when that is shorter and the grammar accepts it (BPE merges
+        ``"]}`` into fewer tokens)."""
         merged = self._ll_tokenizer.tokenize_bytes(self._ll_tokenizer.decode_bytes(chars))
         if len(merged) < len(chars) and _completes(matcher, merged):
             return merged
         return chars
 
-    def _pick_checked(
-        self, m: llguidance.LLMatcher, alphabet: list[int], checker: Checker, budget: SearchBudget | None
-    ) -> tuple[int, Checker]:
-        """The first allowed character that the value checks also pass, and the checker after it;
-        -1 if none does, or once ``budget`` is spent."""
-        for token in alphabet:
+    def _checked_closing(
+        self,
+        matcher: llguidance.LLMatcher,
+        limit: int,
+        variant: int,
+        checker: Checker,
+        in_string: bool,
+        budget: SearchBudget | None,
+    ) -> list[int] | None:
+        """``closing`` under value checks: the same preference order, each character also
+        passing the checks, and a depth-first search over the characters where the first
+        choice leads nowhere -- ``[0,-1,`` under ``uniqueItems`` must not close with a ``0``,
+        and once ``0`` is written no digit may follow it, so the search steps back and tries
+        ``1``. Once a character that would complete a value (one with ``"`` ``]`` ``}`` ``,``
+        ``:``) fails a check, the characters that would only extend that value are not tried
+        there: ``[0,1,`` then ``0,`` fails, and the search goes back to try ``2`` rather than
+        ``10`` -- depth-first alone would try every longer number before changing a digit.
+        Bounded by ``budget``, ``limit`` characters and :data:`MAX_BACKTRACKS`."""
+        # One frame per character placed: the state before it and the next alternative to try.
+        frames: list[_Frame] = []
+        m, state, repeats, last = matcher.deep_copy(), (in_string, False), 0, -1
+        chars: list[int] = []
+        start, backtracks = 0, 0  # where in this position's alphabet to resume
+        resumed_failed = False  # a completing character failed there before ``start``
+        while True:
             if budget is not None and budget.spent:
-                break
-            if m.validate_tokens([token]) != 1:
+                return None
+            placed = False
+            if m.is_accepting():
+                if checker.copy().finish() is None:
+                    return self._merged(matcher, chars)
+            elif len(chars) < limit:
+                forced = m.compute_ff_tokens() if start == 0 else []
+                if forced:
+                    before = _Frame(m.deep_copy(), checker.copy(), state, len(chars), -1, repeats, last, False)
+                    data = self._ll_tokenizer.decode_bytes(forced)
+                    if m.consume_tokens(forced) and checker.feed(data) is None:
+                        frames.append(before)
+                        state = string_state(state, data)
+                        chars.extend(forced)
+                        repeats, last, placed = 0, -1, True
+                    else:
+                        m, checker = before.matcher, before.checker
+                else:
+                    alphabet = self._checked_alphabets[variant, state[0]]
+                    if repeats >= MAX_REPEAT:  # (see ``_pick_progress``): the way out first
+                        way_out = self._pick_progress(m, alphabet)
+                        alphabet = [way_out, *(t for t in alphabet if t != way_out)] if way_out >= 0 else alphabet
+                    completer_failed = resumed_failed
+                    for i in range(start, len(alphabet)):
+                        token = alphabet[i]
+                        data = self._ll_tokenizer.decode_bytes([token])
+                        ends_value = not _STRUCTURAL.isdisjoint(data)
+                        if (completer_failed and not ends_value) or m.validate_tokens([token]) != 1:
+                            continue
+                        trial = checker.copy()
+                        if trial.feed(data) is not None:
+                            completer_failed = completer_failed or ends_value
+                            continue
+                        frames.append(
+                            _Frame(m.deep_copy(), checker, state, len(chars), i + 1, repeats, last, completer_failed)
+                        )
+                        if not m.consume_token(token):
+                            return None
+                        checker, state = trial, string_state(state, data)
+                        chars.append(token)
+                        repeats = repeats + 1 if token == last and repeats < MAX_REPEAT else 1
+                        last, placed = token, True
+                        break
+            if placed:
+                start, resumed_failed = 0, False
                 continue
-            trial = checker.copy()
-            if trial.feed(self._ll_tokenizer.decode_bytes([token])) is None:
-                return token, trial
-        return -1, checker
+            # A dead end: back to the last character that has an alternative left.
+            while frames and frames[-1].next_choice < 0:
+                frames.pop()
+            backtracks += 1
+            if not frames or backtracks > MAX_BACKTRACKS:
+                return None
+            frame = frames.pop()
+            m, checker, state, repeats, last = frame.matcher, frame.checker, frame.state, frame.repeats, frame.last
+            del chars[frame.num_chars :]
+            start, resumed_failed = frame.next_choice, frame.completer_failed
 
     @staticmethod
     def _pick(m: llguidance.LLMatcher, alphabet: list[int]) -> int:
@@ -190,6 +270,28 @@ class Closer:
             if trial.consume_token(token) and trial.compute_bitmask() != here:
                 return token
         return first
+
+
+class _Frame:
+    """A character (or forced run) the checked closing search placed: the state before it, and
+    where in that position's alphabet to go on (-1: a forced run, no alternative)."""
+
+    __slots__ = ("matcher", "checker", "state", "num_chars", "next_choice", "repeats", "last", "completer_failed")
+
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher,
+        checker: Checker,
+        state: tuple[bool, bool],
+        num_chars: int,
+        next_choice: int,
+        repeats: int,
+        last: int,
+        completer_failed: bool,
+    ) -> None:
+        self.matcher, self.checker, self.state, self.num_chars = matcher, checker, state, num_chars
+        self.next_choice, self.repeats, self.last = next_choice, repeats, last
+        self.completer_failed = completer_failed  # a value-completing character failed here
 
 
 def string_state(state: tuple[bool, bool], data: bytes) -> tuple[bool, bool]:

@@ -102,9 +102,14 @@ class OutputGuard:
 
     def accepts(self, output_token_ids: list[int]) -> bool:
         """Whether the whole output ``output_token_ids`` (a closed one) passes every check."""
+        return self.failure(output_token_ids) is None
+
+    def failure(self, output_token_ids: list[int]) -> CheckFailure | None:
+        """The first check the whole output ``output_token_ids`` (a closed one) fails; None if
+        it passes every check."""
         checker = self._new_checker()
         data = b"".join(self._token_bytes(t) for t in output_token_ids)
-        return checker.feed(data) is None and checker.finish() is None
+        return checker.feed(data) or checker.finish()
 
     def ban(self, position: int, token_id: int, also: list[int] | tuple[int, ...] = ()) -> None:
         """Never sample ``token_id`` (nor the ``also`` ones) at output ``position`` (again); bans
