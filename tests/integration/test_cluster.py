@@ -41,9 +41,11 @@ MODEL = "SmolLM2-135M-Instruct"
 HALF_POOL = ["--kv-cache-gib", "0.09", "--max-running", "4"]
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    log = tmp_path / "cluster.log"
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Two replicas behind the router, kv_aware: one start-up for the tests that only send to it
+    (the router-restart test last, as it kills the router)."""
+    log = tmp_path_factory.mktemp("cluster") / "cluster.log"
     c = ClusterProcess(2, "kv_aware", ["--kv-cache-gib", "0.1", "--max-running", "8"], log_path=str(log))
     yield c
     assert c.stop() == 0, log.read_text()[-3000:]
@@ -70,6 +72,32 @@ def test_the_openai_client_works_through_the_router(cluster):
     assert sorted(workers) == sorted(cluster.replica_urls)
 
 
+def test_a_restarted_router_is_sent_every_replicas_cache_and_routes_on_it(cluster):
+    """kv_aware after the router dies: the cluster restarts it, each replica hears the new
+    subscriber and sends its whole prefix cache, so every prompt cached before the crash is
+    routed to the replica that holds it (by chance alone, 6 of 6 would be 1 in 64)."""
+    c = cluster  # the module's: the fixture stops it and checks its exit
+    first = {m[0]["content"]: m for m in reversed(shared_prefix_workload(60, 6, 120, seed=7))}
+    prompts = list(first.values())  # one request for each of the 6 system prompts
+    assert len(prompts) == 6
+    body = {"model": MODEL, "max_tokens": 1, "temperature": 0}
+    for messages in prompts:
+        httpx.post(f"{c.url}/v1/chat/completions", json={**body, "messages": messages}, timeout=60).raise_for_status()
+    assert c.router_pid is not None
+    os.kill(c.router_pid, signal.SIGKILL)
+    assert c.wait_for(r"router: restarted", 60), c.lines
+    time.sleep(1)  # the replicas' snapshots reach the new router
+    for messages in prompts:
+        again = [messages[0], {"role": "user", "content": "And one more question?"}]
+        r = httpx.post(f"{c.url}/v1/chat/completions", json={**body, "messages": again}, timeout=60)
+        cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= 96, (cached, r.json()["usage"])  # the system prompt's blocks were hit
+    for url in c.replica_urls:  # what each replica sent, and that nothing was lost
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        assert metric_value(text, "trillium:kv_events_published_total") > 0, text[-2000:]
+        assert metric_value(text, "trillium:kv_events_dropped_total") == 0
+
+
 def _hit_rate(policy: str, tmp_path, streams: int = 1) -> float:
     workload = shared_prefix_workload(144, 24, 150, seed=11)
     c = ClusterProcess(2, policy, HALF_POOL, log_path=str(tmp_path / f"{policy}.log"))
@@ -93,43 +121,12 @@ def test_kv_aware_routes_on_the_replicas_published_cache(tmp_path):
     assert kv_aware >= 1.5 * round_robin, (kv_aware, round_robin)
 
 
-def test_a_restarted_router_is_sent_every_replicas_cache_and_routes_on_it(tmp_path):
-    """kv_aware after the router dies: the cluster restarts it, each replica hears the new
-    subscriber and sends its whole prefix cache, so every prompt cached before the crash is
-    routed to the replica that holds it (by chance alone, 6 of 6 would be 1 in 64)."""
-    c = ClusterProcess(2, "kv_aware", ["--kv-cache-gib", "0.1"], log_path=str(tmp_path / "c.log"))
-    try:
-        first = {m[0]["content"]: m for m in reversed(shared_prefix_workload(60, 6, 120, seed=7))}
-        prompts = list(first.values())  # one request for each of the 6 system prompts
-        assert len(prompts) == 6
-        body = {"model": MODEL, "max_tokens": 1, "temperature": 0}
-        for messages in prompts:
-            httpx.post(
-                f"{c.url}/v1/chat/completions", json={**body, "messages": messages}, timeout=60
-            ).raise_for_status()
-        assert c.router_pid is not None
-        os.kill(c.router_pid, signal.SIGKILL)
-        assert c.wait_for(r"router: restarted", 60), c.lines
-        time.sleep(1)  # the replicas' snapshots reach the new router
-        for messages in prompts:
-            again = [messages[0], {"role": "user", "content": "And one more question?"}]
-            r = httpx.post(f"{c.url}/v1/chat/completions", json={**body, "messages": again}, timeout=60)
-            cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-            assert cached >= 96, (cached, r.json()["usage"])  # the system prompt's blocks were hit
-        for url in c.replica_urls:  # what each replica sent, and that nothing was lost
-            text = httpx.get(f"{url}/metrics", timeout=10).text
-            assert metric_value(text, "trillium:kv_events_published_total") > 0, text[-2000:]
-            assert metric_value(text, "trillium:kv_events_dropped_total") == 0
-    finally:
-        assert c.stop() == 0
-
-
 def test_a_replica_killed_under_load_fails_its_requests_cleanly_and_rejoins(tmp_path):
     c = ClusterProcess(
         2, "round_robin", ["--kv-cache-gib", "0.1", "--max-running", "8"], log_path=str(tmp_path / "c.log")
     )
     try:
-        workload = shared_prefix_workload(240, 4, 40, seed=3)  # load for ~50 s: past the restart
+        workload = shared_prefix_workload(144, 4, 40, seed=3)  # load for ~30 s: past the restart
         load: dict = {}
 
         def run() -> None:
