@@ -79,14 +79,16 @@ class RotaryEmbedding(nn.Module):
 
     def build(self, inv_freq: torch.Tensor | None, device: torch.device | str | None = None) -> None:
         """(Re)compute the table; ``inv_freq`` overrides the config-derived frequencies (GGUF rope_freqs)."""
-        if inv_freq is None:
-            inv_freq = rope_inv_freq(self.head_dim, self.theta, self.rope_scaling)
         device = device if device is not None else self.cos.device
         if torch.device(device).type == "meta":
             # Built on meta while the model skeleton is created; rebuilt once memory exists.
+            # (Nothing computed on meta: torch's meta kernels import torch._dynamo on first use,
+            # seconds of every start-up.)
             self.cos = torch.empty(self.max_positions, self.head_dim // 2, device="meta")
             self.sin = torch.empty(self.max_positions, self.head_dim // 2, device="meta")
             return
+        if inv_freq is None:
+            inv_freq = rope_inv_freq(self.head_dim, self.theta, self.rope_scaling)
         positions = torch.arange(self.max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq.float().cpu())  # [P, D/2]
         self.cos = freqs.cos().to(device)
