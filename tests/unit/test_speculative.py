@@ -273,3 +273,43 @@ def test_policy_drafts_only_as_deep_as_pays_at_its_batch_size():
     steps = [s for s in executor.steps if len(s.requests) == 2]
     speculating = [s for s in steps if any(r.num_draft_tokens for r in s.requests)]
     assert 1 <= len(speculating) <= 2 + len(steps) // PROBE_EVERY  # the first try, then probes
+
+
+def test_past_the_largest_timed_batch_size_its_break_even_holds():
+    """Start-up timing is bounded (``step_costs``): a batch larger than any timed one drafts as
+    its largest timed neighbour says, not as if drafts were free."""
+    policy, _allocator, executor = make(
+        speculative=SpeculativeConfig(num_speculative_tokens=4, disable_by_batch_size=8),
+        spec_break_even=((1, 1.5),),  # no draft pays at batch 1: so none at 2 either
+    )
+    policy.proposer = ScriptedProposer(4, wrong_at=4)  # every draft right
+    policy.add(greq("a", 6, max_tokens=60))
+    policy.add(greq("b", 6, max_tokens=60))
+    run_until_done(policy, executor)
+    steps = [s for s in executor.steps if len(s.requests) == 2]
+    speculating = [s for s in steps if any(r.num_draft_tokens for r in s.requests)]
+    assert len(speculating) <= 2 + len(steps) // PROBE_EVERY  # probes only
+
+
+def test_start_up_step_timing_is_bounded_in_time(monkeypatch):
+    """Slow steps (a large dense model) are timed fewer times, and batch sizes that would not
+    end within the bound are not timed: speculation stands aside from the first of them."""
+    from trillium.engine import step_costs
+
+    clock = [0.0]
+
+    class FakeTimer:
+        def __init__(self, runner, context, max_rows):
+            pass
+
+        def step_s(self, batch, rows):  # 0.1 s a row: never compute-bound enough to stop
+            seconds = 0.1 * batch * (1 + 0.2 * (rows - 1))
+            clock[0] += seconds
+            return seconds
+
+    monkeypatch.setattr(step_costs, "StepTimer", FakeTimer)
+    monkeypatch.setattr(step_costs.time, "perf_counter", lambda: clock[0])
+    threshold, costs = step_costs.measure_step_costs(None, 4, max_batch=64)
+    assert clock[0] <= step_costs.TOTAL_SECONDS + 1e-9
+    assert costs.batch_sizes == [1, 2, 4] and threshold == 8
+    assert all(b < step_costs.NEVER_PAYS for b in costs.break_even())

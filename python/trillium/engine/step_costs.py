@@ -13,6 +13,12 @@ of each kept: on a shared machine noise only ever adds time, and turns put a dri
 (With the median of three taken one kind after the other, one slow run of verifies at batch 1 read
 a break-even of 0.91 where ~0.3 is usual, and a server never speculated in its whole life.)
 
+The measurement is part of every start-up, so it is bounded: a batch size whose steps are slow
+(where noise weighs less) stops after ``MIN_REPEATS`` pairs once ``SIZE_SECONDS`` are spent on
+it, and a batch size starts only if it would end within ``TOTAL_SECONDS`` (reckoned at twice the
+last size's cost); speculation then stands aside from the first size not timed. (Unbounded, fp32 dense weights -- whose break-even stays low up to batch
+64 -- took 28 s of a 33 s start-up; the default model's ~4 s.)
+
 The timed steps write the runner's first blocks: call this before any request exists (every
 block is written before it is read, so nothing of them survives; a prefix-cached block would be
 overwritten). They run on the step thread like any step.
@@ -33,6 +39,9 @@ log = logging.getLogger("trillium.engine")
 NEVER_PAYS = 0.9  # a draft would need this chance of acceptance: speculation stands aside
 CONTEXT = 64  # tokens each timed request has in KV: a short chat turn
 REPEATS = 5  # timings of each kind per batch size; the fastest is kept
+MIN_REPEATS = 2  # ... at least, however slow the steps
+SIZE_SECONDS = 0.5  # past MIN_REPEATS, no new pair once a batch size has taken this long
+TOTAL_SECONDS = 8.0  # no new batch size once the measurement has taken this long
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,18 +95,28 @@ class StepTimer:
 def measure_step_costs(runner: ModelRunner, num_speculative_tokens: int, max_batch: int) -> tuple[int, StepCosts]:
     """(threshold, the costs): times batch sizes 1, 2, 4, ... up to ``max_batch`` and stops at
     the first whose break-even reaches ``NEVER_PAYS``: the threshold (``2 * max_batch`` when
-    none does)."""
+    none does), or at the first not timed within ``TOTAL_SECONDS`` (module doc)."""
     k = num_speculative_tokens
     step_s = StepTimer(runner, CONTEXT, k + 1).step_s
     step_s(1, 1)  # warm-up: first-touch of the weights and the kernels' scratch
     costs = StepCosts(k, [], [], [])
     batch = 1
     threshold = 2 * max_batch
+    began, pair_s = time.perf_counter(), 0.0  # pair_s: the last size's slowest decode + verify
     while batch <= max_batch:
-        decode, verify = [], []
-        for _ in range(REPEATS):  # in turns, the fastest of each kept (module doc)
+        # A size costs about twice the last (twice the rows); it must fit what is left.
+        if time.perf_counter() - began + MIN_REPEATS * 2 * pair_s > TOTAL_SECONDS:
+            threshold = batch  # not timed: speculation stands aside from here
+            break
+        decode: list[float] = []
+        verify: list[float] = []
+        size_began = time.perf_counter()
+        while len(decode) < REPEATS and (
+            len(decode) < MIN_REPEATS or time.perf_counter() - size_began < SIZE_SECONDS
+        ):  # in turns, the fastest of each kept (module doc)
             decode.append(step_s(batch, 1))
             verify.append(step_s(batch, k + 1))
+        pair_s = max(d + v for d, v in zip(decode, verify))
         costs.batch_sizes.append(batch)
         costs.decode_s.append(min(decode))
         costs.verify_s.append(min(verify))

@@ -663,8 +663,10 @@ class SchedulerPolicy:
         running = len(self.running)
         if running >= self.spec_threshold:
             return 0
-        # The break-even of the nearest timed batch size at or above this one (the costlier).
-        break_even = next((p for b, p in self.config.spec_break_even if b >= running), 0.0)
+        # The break-even of the nearest timed batch size at or above this one (the costlier);
+        # past the largest timed (start-up timing is bounded), the largest's.
+        table = self.config.spec_break_even
+        break_even = next((p for b, p in table if b >= running), table[-1][1] if table else 0.0)
         return self.draft_depth.limit(break_even)
 
     def _roll_back(self, request: Request, num_verified: int) -> None:
