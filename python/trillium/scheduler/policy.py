@@ -290,12 +290,12 @@ class SchedulerPolicy:
                 and reason in (None, FinishReason.LENGTH)
             ):
                 try:
-                    kept = self._close_if_due(request, new_token_ids)
+                    close_result = self._close_if_due(request, new_token_ids)
                 except Exception as exc:  # a closing or check that cannot run fails this request only
-                    kept, reason, error = None, FinishReason.ERROR, f"closing the output failed: {exc!r}"
-                if kept is not None:
+                    close_result, reason, error = None, FinishReason.ERROR, f"closing the output failed: {exc!r}"
+                if close_result is not None:
+                    kept, unsatisfied = close_result
                     reason, closed = FinishReason.LENGTH, True
-                    unsatisfied = self._unsatisfied_check(request)
                     if lp is not None:
                         lp = lp[:kept]  # the closing's tokens were not sampled: none
             if guard is not None and reason == FinishReason.ERROR:
@@ -514,11 +514,13 @@ class SchedulerPolicy:
             return FinishReason.STOP, None
         return (FinishReason.LENGTH if self._length_reached(request) else None), None
 
-    def _close_if_due(self, request: Request, new_token_ids: list[int]) -> int | None:
+    def _close_if_due(self, request: Request, new_token_ids: list[int]) -> tuple[int, str | None] | None:
         """Close a JSON output whose allowance is running out (``structured.closer``): when what
         is left of ``max_tokens`` (or the context) is no more than the tokens closing needs,
         append the closing and return how many of this step's ``new_token_ids`` were kept
-        before it; None while there is room. This step's tokens (not yet delivered) are taken
+        before it, and the message of the value check the closed output still fails (None: it
+        passes every check; said in the response as ``unsatisfied_check``, never returned
+        silently as if valid); None while there is room. This step's tokens (not yet delivered) are taken
         back one at a time while the closing from after them would not fit: the state before
         the step had room for its own. The closing is computed only near the end of the
         allowance, and every ``CLOSE_RECHECK`` steps elsewhere (it can grow when a value opens)."""
@@ -551,21 +553,22 @@ class SchedulerPolicy:
         matcher.closing_length = len(closing)
         if kept == len(new_token_ids) and (len(closing) < room or not closing):
             return None  # room to go on, or complete already
-        if matcher.guard is not None and not matcher.guard.accepts(request.output_token_ids + closing):
-            closing, kept = self._checked_closing(request, closing, room, kept)
+        failure = matcher.guard.failure(request.output_token_ids + closing) if matcher.guard is not None else None
+        if failure is not None and (found := self._checked_closing(request, room, kept)) is not None:
+            (closing, kept), failure = found, None
         del new_token_ids[kept:]
         self.kv.truncate(request)  # drafts taken back had K/V: not for the closing's tokens
         request.output_token_ids.extend(closing)
         new_token_ids.extend(closing)
         self.num_closed_outputs += 1
-        return kept
+        return kept, None if failure is None else failure.message
 
-    def _checked_closing(self, request: Request, closing: list[int], room: int, kept: int) -> tuple[list[int], int]:
+    def _checked_closing(self, request: Request, room: int, kept: int) -> tuple[list[int], int] | None:
         """The usual closing completes or invents a value a check rejects (a duplicate item):
         try the closer's other variants, from the output as it is, then from up to
         ``CLOSE_BACKTRACK`` tokens earlier, then from the start of each value still open
         (always tokens still held back, never delivered ones). Returns the closing to append
-        (the usual one if none passes) and this step's tokens kept."""
+        and this step's tokens kept; None if none passes (the output as it stood)."""
         matcher, output = request.matcher, request.output_token_ids
         assert matcher is not None and matcher.guard is not None
         guard = matcher.guard
@@ -603,24 +606,14 @@ class SchedulerPolicy:
             c = matcher.closing(checked=True, room=room, budget=budget)
             if c is not None and len(c) <= room and guard.accepts(output + c):
                 return c, max(kept - len(popped), 0)
-        # None passes: the usual closing, from where the output stood (it parses; the checks
-        # it fails are what the model and the closer could not satisfy in the room left).
+        # None passes: back to where the output stood, for the usual closing (it parses; the
+        # checks it fails are what the model and the closer could not satisfy in the room left).
         popped.reverse()
         if popped and not matcher.accept_forced(popped):
             raise RuntimeError(f"the grammar refused tokens it had accepted: {matcher.error}")
         output.extend(popped)
         guard.replay(output)
-        return closing, kept
-
-    def _unsatisfied_check(self, request: Request) -> str | None:
-        """The check a just-closed output fails, if any: ``_checked_closing`` falls back to the
-        plain closing when no closing within the room passes. Said in the response
-        (``unsatisfied_check``), never returned silently as if valid."""
-        guard = request.matcher.guard if request.matcher is not None else None
-        if guard is None:
-            return None
-        failure = guard.failure(request.output_token_ids)
-        return None if failure is None else failure.message
+        return None
 
     def _room(self, request: Request) -> int:
         """Output tokens the request may still produce (``max_tokens``, the context)."""
