@@ -16,8 +16,9 @@ a break-even of 0.91 where ~0.3 is usual, and a server never speculated in its w
 The measurement is part of every start-up, so it is bounded: a batch size whose steps are slow
 (where noise weighs less) stops after ``MIN_REPEATS`` pairs once ``SIZE_SECONDS`` are spent on
 it, and a batch size starts only if it would end within ``TOTAL_SECONDS`` (reckoned at twice the
-last size's cost); speculation then stands aside from the first size not timed. (Unbounded, fp32 dense weights -- whose break-even stays low up to batch
-64 -- took 28 s of a 33 s start-up; the default model's ~4 s.)
+last size's cost); speculation then stands aside from the first size not timed. (Unbounded,
+fp32 dense weights -- whose break-even stays low up to batch 64 -- took 28 s of a 33 s
+start-up; the default model's ~4 s.)
 
 The timed steps write the runner's first blocks: call this before any request exists (every
 block is written before it is read, so nothing of them survives; a prefix-cached block would be
@@ -41,7 +42,7 @@ CONTEXT = 64  # tokens each timed request has in KV: a short chat turn
 REPEATS = 5  # timings of each kind per batch size; the fastest is kept
 MIN_REPEATS = 2  # ... at least, however slow the steps
 SIZE_SECONDS = 0.5  # past MIN_REPEATS, no new pair once a batch size has taken this long
-TOTAL_SECONDS = 8.0  # no new batch size once the measurement has taken this long
+TOTAL_SECONDS = 8.0  # no batch size started that would end past this (module doc)
 
 
 @dataclasses.dataclass(frozen=True)

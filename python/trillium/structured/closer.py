@@ -24,6 +24,7 @@ closing length (``scheduler.policy``), not every step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import llguidance
@@ -68,8 +69,6 @@ class Closer:
         # Outside a string (``in_string`` False) a ``}`` or ``]`` that the grammar allows comes
         # before ``"``: it ends the value instead of starting an optional key.
         self._alphabets: dict[tuple[int, bool], list[int]] = {}
-        self._digit_order = self._single_tokens("0123456789")
-        self._digits = frozenset(self._digit_order)
         for k in range(NUM_VARIANTS):
             lead = str(k) + chr(ord("a") + k)
             chars = order if k == 0 else lead + "".join(c for c in order if c not in lead)
@@ -77,15 +76,8 @@ class Closer:
             self._alphabets[k, False] = self._single_tokens("]}" + chars.replace("]", "").replace("}", ""))
         # The checked search's: the other digits right after the first, so that a value a check
         # rejects (a duplicate 0) becomes the next short one (1), not a longer -1 or 10.
-        self._checked_alphabets = {
-            key: [t for t in alphabet if t not in self._digits] for key, alphabet in self._alphabets.items()
-        }
-        for key, alphabet in self._alphabets.items():
-            first = next((i for i, t in enumerate(alphabet) if t in self._digits), None)
-            if first is not None:
-                at = self._checked_alphabets[key].index(alphabet[first - 1]) + 1 if first else 0
-                digits = [alphabet[first], *(t for t in self._digit_order if t != alphabet[first])]
-                self._checked_alphabets[key][at:at] = digits
+        digits = self._single_tokens("0123456789")
+        self._checked_alphabets = {key: _digits_together(a, digits) for key, a in self._alphabets.items()}
 
     def token_bytes(self, token_id: int) -> bytes:
         return self._ll_tokenizer.decode_bytes([token_id])
@@ -193,6 +185,7 @@ class Closer:
             elif len(chars) < limit:
                 forced = m.compute_ff_tokens() if start == 0 else []
                 if forced:
+                    # (On failure the dead end below restores m and checker from a frame.)
                     before = _Frame(m.deep_copy(), checker.copy(), state, len(chars), -1, repeats, last, False)
                     data = self._ll_tokenizer.decode_bytes(forced)
                     if m.consume_tokens(forced) and checker.feed(data) is None:
@@ -200,8 +193,6 @@ class Closer:
                         state = string_state(state, data)
                         chars.extend(forced)
                         repeats, last, placed = 0, -1, True
-                    else:
-                        m, checker = before.matcher, before.checker
                 else:
                     alphabet = self._checked_alphabets[variant, state[0]]
                     if repeats >= MAX_REPEAT:  # (see ``_pick_progress``): the way out first
@@ -272,26 +263,31 @@ class Closer:
         return first
 
 
+@dataclasses.dataclass(slots=True)
 class _Frame:
     """A character (or forced run) the checked closing search placed: the state before it, and
     where in that position's alphabet to go on (-1: a forced run, no alternative)."""
 
-    __slots__ = ("matcher", "checker", "state", "num_chars", "next_choice", "repeats", "last", "completer_failed")
+    matcher: llguidance.LLMatcher
+    checker: Checker
+    state: tuple[bool, bool]
+    num_chars: int
+    next_choice: int
+    repeats: int
+    last: int
+    completer_failed: bool  # a value-completing character failed here before next_choice
 
-    def __init__(
-        self,
-        matcher: llguidance.LLMatcher,
-        checker: Checker,
-        state: tuple[bool, bool],
-        num_chars: int,
-        next_choice: int,
-        repeats: int,
-        last: int,
-        completer_failed: bool,
-    ) -> None:
-        self.matcher, self.checker, self.state, self.num_chars = matcher, checker, state, num_chars
-        self.next_choice, self.repeats, self.last = next_choice, repeats, last
-        self.completer_failed = completer_failed  # a value-completing character failed here
+
+def _digits_together(alphabet: list[int], digits: list[int]) -> list[int]:
+    """``alphabet`` with every digit moved to where its first digit is, that one first and the
+    rest in numeric order."""
+    out: list[int] = []
+    for token in alphabet:
+        if token not in digits:
+            out.append(token)
+        elif not any(t in digits for t in out):
+            out += [token, *(d for d in digits if d != token)]
+    return out
 
 
 def string_state(state: tuple[bool, bool], data: bytes) -> tuple[bool, bool]:
