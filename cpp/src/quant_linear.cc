@@ -176,8 +176,7 @@ int64_t quant_linear_packed_bytes(int64_t out_features, int64_t in_features, int
 }
 
 int64_t quant_linear_scale_count(int64_t out_features, int64_t in_features, int32_t bits) {
-  return padded_groups(out_features) * (in_features / kQuantBlock) * kernels::quant_scale_blocks(bits) *
-         kQuantGroupCols;
+  return kernels::quant_scale_count(out_features, in_features, bits);
 }
 
 int64_t quant_linear_super_count(int64_t out_features, int64_t in_features) {
