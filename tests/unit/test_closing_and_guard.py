@@ -116,6 +116,20 @@ def test_held_output_is_released_with_its_logprobs_once_its_checks_pass(tok, com
     assert [entry[0] for entry in logprobs] == [float(-s) for s in range(len(pieces))]  # aligned with the tokens
 
 
+def test_a_string_that_may_end_only_after_some_character_closes(tok, compiler):
+    """A key under ``patternProperties: {"b$": {}}`` with no other keys allowed cannot end after
+    ``xyz``: the closer looks for a character after which it may (``b``), which is far down its
+    preference order."""
+    schema = {"type": "object", "patternProperties": {"b$": {}}, "additionalProperties": False}
+    matcher = compiler.compile(StructuredOutputs(json=schema)).new_matcher()
+    prefix = '{"xyzxyz'
+    for t in tok.encode(prefix):
+        assert matcher.accept(t)
+    closing = matcher.closing(room=20)
+    assert closing is not None
+    jsonschema.validate(json.loads(prefix + tok.decode(closing)), schema)
+
+
 def test_a_checked_closing_search_stops_when_its_budget_is_spent(tok, compiler):
     """The scheduler's search for a closing that passes the value checks runs on the event loop:
     bounded in checks (counted with memoized ones) and in seconds (closer.SearchBudget)."""

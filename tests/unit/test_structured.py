@@ -153,15 +153,18 @@ class MaskingExecutor:
     preference (EOS first when ``prefer_eos``, then ascending ids), the step's masks applied
     through the real kernel, argmax. Records the mask row of every sampling request."""
 
-    def __init__(self, vocab: int, eos: int, prefer_eos: bool = True) -> None:
+    def __init__(self, vocab: int, eos: int, prefer_eos: bool = True, favour: tuple[int, ...] = ()) -> None:
         self.vocab = vocab
         self.eos = eos
         self.prefer_eos = prefer_eos
+        self.favour = favour  # tokens ranked above the rest (below EOS), first most
         self.mask_rows: list[dict[str, int]] = []
 
     def execute(self, step_input: StepInput) -> StepOutput:
         rows = [i for i, r in enumerate(step_input.requests) if r.sample]
         logits = -torch.arange(self.vocab, dtype=torch.float32).repeat(len(rows), 1) / self.vocab  # [S, V]
+        for rank, token in enumerate(self.favour):
+            logits[:, token] = 5.0 - rank
         if self.prefer_eos:
             logits[:, self.eos] = 10.0
         seen = {}
@@ -175,10 +178,10 @@ class MaskingExecutor:
         return StepOutput(out)
 
 
-async def run_requests(tok, requests, *, prefer_eos=True, jump_forward=True):
+async def run_requests(tok, requests, *, prefer_eos=True, jump_forward=True, favour=()):
     """requests: [(request id, SamplingParams, compiled grammar or None)] -> ({id: (ids, reason)}, actor)."""
     send, recv = open_inbox(16)
-    executor = MaskingExecutor(tok.vocab_size, min(tok.eos_token_ids), prefer_eos)
+    executor = MaskingExecutor(tok.vocab_size, min(tok.eos_token_ids), prefer_eos, tuple(favour))
     config = SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset(tok.eos_token_ids), jump_forward=jump_forward)
     actor = SchedulerActor(
         config,
@@ -373,6 +376,28 @@ async def test_a_closed_output_that_fails_a_check_says_which(tok, compiler, monk
     else:
         assert len(set(value)) < len(value), value  # the plain closing repeated an item
         assert "unique" in actor.unsatisfied_check["r"].lower(), actor.unsatisfied_check["r"]
+
+
+async def test_a_dead_end_the_grammar_let_in_is_closed_from_further_back(tok, compiler):
+    """llguidance admits a key that no character can finish: under ``patternProperties: {"bb":
+    false}`` the key ``"bbb...`` already matches a pattern whose value is ``false``. A model that
+    keeps writing it reaches max_tokens with no closing from there. Its object's check holds the
+    output back (never delivered), so the closing starts further back: the JSON parses, has no
+    such key, and validates unless the response names the check it fails."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "patternProperties": {"bb": False}, "not": {"propertyNames": {"not": {"const": "0"}}}}
+    grammar = compiler.compile(StructuredOutputs(json=schema))
+    assert grammar.checks is not None  # the "not" is checked, so the object is held back
+    (b,) = tok.encode("b")
+    # More than CLOSE_MARGIN: far from the end the closing is looked for every few steps only.
+    sampling = SamplingParams(max_tokens=100, structured=StructuredOutputs(json=schema))
+    results, actor, _ = await run_requests(tok, [("r", sampling, grammar)], prefer_eos=False, favour=[b])
+    ids, reason = results["r"]
+    value = json.loads(tok.decode(ids))
+    assert reason == FinishReason.LENGTH and actor.closed_early["r"], tok.decode(ids)
+    assert isinstance(value, dict) and not any("bb" in key for key in value), value
+    if actor.unsatisfied_check["r"] is None:
+        jsonschema.validate(value, schema)
 
 
 async def test_a_checked_top_level_number_is_checked_when_eos_ends_it(tok, compiler):

@@ -527,6 +527,7 @@ class SchedulerPolicy:
         matcher = request.matcher
         assert matcher is not None
         room = self._room(request)
+        last_chance = room <= 0  # no closing now: the output ends where it falls
         if matcher.closing_length >= 0 and matcher.closing_length + CLOSE_MARGIN < room:
             matcher.closing_age += 1
             if matcher.closing_age < CLOSE_RECHECK:
@@ -542,6 +543,12 @@ class SchedulerPolicy:
             room += 1
             del request.output_token_ids[-1]
             closing = matcher.closing(room=room)
+        further_back = False
+        if (closing is None or len(closing) > room) and last_chance and kept == 0:
+            # The last chance, and none fits from here or after any of this step's tokens:
+            # from further back, over tokens still held back.
+            closing = self._closing_further_back(request)
+            room, further_back = self._room(request), closing is not None
         if closing is None or len(closing) > room:
             # None found, or the steps since the last check outgrew the room (their tokens were
             # delivered): put back what was taken; the output is cut where it falls.
@@ -551,7 +558,7 @@ class SchedulerPolicy:
                 request.output_token_ids.extend(new_token_ids[kept:])
             return None
         matcher.closing_length = len(closing)
-        if kept == len(new_token_ids) and (len(closing) < room or not closing):
+        if not further_back and kept == len(new_token_ids) and (len(closing) < room or not closing):
             return None  # room to go on, or complete already
         failure = matcher.guard.failure(request.output_token_ids + closing) if matcher.guard is not None else None
         if failure is not None and (found := self._checked_closing(request, room, kept)) is not None:
@@ -562,6 +569,39 @@ class SchedulerPolicy:
         new_token_ids.extend(closing)
         self.num_closed_outputs += 1
         return kept, None if failure is None else failure.message
+
+    def _closing_further_back(self, request: Request) -> list[int] | None:
+        """A closing from earlier in the output, for an output about to end with none that fits:
+        the grammar let it into a value no character can finish (llguidance admits a key, under
+        a ``patternProperties`` whose value is ``false``, that already matches the pattern), or
+        the closing outgrew the room. Tokens still held back (never delivered) are taken back 1,
+        2, 4, ... at a time until a closing fits the room they free. Returns that closing, the
+        output, matcher and guard cut back to where it applies; None (the output as it stood)
+        when there are no held tokens or none is found over them."""
+        matcher, output = request.matcher, request.output_token_ids
+        assert matcher is not None
+        guard = matcher.guard
+        if guard is None:  # every token was delivered as it came
+            return None
+        popped: list[int] = []
+        step = 1
+        while len(output) > guard.num_released:
+            n = min(step, len(output) - guard.num_released)
+            if not matcher.rollback(n):
+                break
+            popped.extend(reversed(output[-n:]))
+            del output[-n:]
+            room = self._room(request)
+            closing: list[int] | None = matcher.closing(room=room)
+            if closing is not None and len(closing) <= room:
+                guard.replay(output)
+                return closing
+            step *= 2
+        popped.reverse()
+        if popped and not matcher.accept_forced(popped):
+            raise RuntimeError(f"the grammar refused tokens it had accepted: {matcher.error}")
+        output.extend(popped)
+        return None
 
     def _checked_closing(self, request: Request, room: int, kept: int) -> tuple[list[int], int] | None:
         """The usual closing completes or invents a value a check rejects (a duplicate item):

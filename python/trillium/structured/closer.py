@@ -77,6 +77,9 @@ class Closer:
         # The checked search's: the other digits right after the first, so that a value a check
         # rejects (a duplicate 0) becomes the next short one (1), not a longer -1 or 10.
         digits = self._single_tokens("0123456789")
+        # What ends the value being written: a string's quote, or (outside strings) a closer.
+        self._enders = {True: self._single_tokens('"'), False: self._single_tokens("]},")}
+        self._backslash = self._single_tokens("\\")[0]
         self._checked_alphabets = {key: _digits_together(a, digits) for key, a in self._alphabets.items()}
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -130,7 +133,7 @@ class Closer:
                 chars.extend(forced)
                 last, repeats = -1, 0
                 continue
-            choice = self._pick_progress(m, alphabet) if repeats >= MAX_REPEAT else self._pick(m, alphabet)
+            choice = self._pick_progress(m, alphabet, state[0]) if repeats >= MAX_REPEAT else self._pick(m, alphabet)
             if choice < 0 or not m.consume_token(choice):
                 return None
             state = string_state(state, self._ll_tokenizer.decode_bytes([choice]))
@@ -196,7 +199,7 @@ class Closer:
                 else:
                     alphabet = self._checked_alphabets[variant, state[0]]
                     if repeats >= MAX_REPEAT:  # (see ``_pick_progress``): the way out first
-                        way_out = self._pick_progress(m, alphabet)
+                        way_out = self._pick_progress(m, alphabet, state[0])
                         alphabet = [way_out, *(t for t in alphabet if t != way_out)] if way_out >= 0 else alphabet
                     completer_failed = resumed_failed
                     for i in range(start, len(alphabet)):
@@ -240,11 +243,19 @@ class Closer:
                 return token
         return -1
 
-    @staticmethod
-    def _pick_progress(m: llguidance.LLMatcher, alphabet: list[int]) -> int:
-        """After a character repeated: the first allowed one after which the grammar allows a
+    def _pick_progress(self, m: llguidance.LLMatcher, alphabet: list[int], in_string: bool) -> int:
+        """After a character repeated: the first allowed one after which the value can end
+        (``b`` in a key under ``patternProperties: {"b$": ...}`` with no other properties
+        allowed: ``"`` may follow it), else the first after which the grammar allows a
         different set of tokens (``/`` in ``[a-z]+/``: letters lead back to the same state), else
         the first allowed one (a ``minLength`` string: every letter is progress)."""
+        # validate_tokens of two tokens costs what one does (~5 µs): every allowed character is
+        # tried for an ending, the costlier mask comparison below only for the first few.
+        for token in alphabet:
+            if token == self._backslash or m.validate_tokens([token]) != 1:
+                continue  # (after a backslash a quote is part of the string)
+            if any(m.validate_tokens([token, e]) == 2 for e in self._enders[in_string]):
+                return token
         here = m.compute_bitmask()
         first, tried = -1, 0
         for token in alphabet:
