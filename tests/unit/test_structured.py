@@ -193,6 +193,7 @@ async def run_requests(tok, requests, *, prefer_eos=True, jump_forward=True, fav
     results = {}
     closed = actor.closed_early = {}  # request id -> its last delta's closed_early
     unsatisfied = actor.unsatisfied_check = {}  # request id -> its last delta's unsatisfied_check
+    errors = actor.errors = {}  # request id -> its last delta's error
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.run)
         boxes = {}
@@ -216,6 +217,7 @@ async def run_requests(tok, requests, *, prefer_eos=True, jump_forward=True, fav
             results[rid] = (ids, reason)
             closed[rid] = delta.closed_early
             unsatisfied[rid] = delta.unsatisfied_check
+            errors[rid] = delta.error
         nursery.cancel_scope.cancel()
     return results, actor, executor
 
@@ -350,6 +352,26 @@ async def test_keywords_beyond_the_grammar_are_enforced_by_checks(tok, compiler,
     jsonschema.validate(json.loads(tok.decode(ids)), schema)
     assert reason in (FinishReason.STOP, FinishReason.LENGTH)
     assert actor.stats.latest.num_rejected_tokens > 0  # the checks had to act (/stats)
+
+
+async def test_what_the_checks_of_one_request_take_back_is_bounded(tok, compiler, monkeypatch):
+    """Each token a failed check takes back was a step's work, and a value may be retried many
+    times: past TAKE_BACK_PER_TOKEN tokens per token of max_tokens (at least TAKE_BACK_MIN) the
+    request ends with an error saying so. (A 200-character string under recursive "not"s ran
+    for minutes.)"""
+    from trillium.scheduler import policy
+
+    monkeypatch.setattr(policy, "TAKE_BACK_MIN", 3)
+    monkeypatch.setattr(policy, "TAKE_BACK_PER_TOKEN", 0)
+    grammar = compiler.compile(StructuredOutputs(json=UNIQUE))
+    sampling = SamplingParams(max_tokens=60, structured=StructuredOutputs(json=UNIQUE))
+    results, actor, _ = await run_requests(tok, [("r", sampling, grammar)])
+    _, reason = results["r"]
+    assert reason == FinishReason.ERROR
+    assert "tokens taken back in all" in actor.errors["r"], actor.errors["r"]
+    # The bound is looked at before each take-back, which may take back several tokens; this
+    # request takes back 29 with no bound.
+    assert 3 <= actor.stats.latest.num_rejected_tokens < 10
 
 
 @pytest.mark.parametrize("search", ["bounded", "spent"])

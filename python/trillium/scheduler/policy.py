@@ -54,6 +54,14 @@ from trillium.structured.value_checks import CheckFailure
 # Closing a JSON output (``SchedulerPolicy._close_if_due``): recomputed every step once the
 # allowance left is within CLOSE_MARGIN tokens of the last closing's length, else every
 # CLOSE_RECHECK steps.
+# What the value checks of one request may take back in all (``SchedulerPolicy._reject``), in
+# tokens per token of its max_tokens, and at least: each taken-back token was a step's work.
+# MAX_VALUE_RETRIES bounds the retries of one value, each in full once it starts over, but not
+# how many values fail: without this an output of many failing values had no bound in steps.
+# (A model that picks the lowest token id takes back ~530 tokens to satisfy
+# ``tests/unit/test_structured.py``'s NEEDS_MORE in 60 tokens; sampled ones far fewer.)
+TAKE_BACK_PER_TOKEN = 8
+TAKE_BACK_MIN = 1024
 CLOSE_MARGIN = 64  # a value opening in one step can add tens of tokens (an item's required keys)
 CLOSE_RECHECK = 8
 CLOSE_BACKTRACK = 8  # held tokens a closing that fails value checks may be moved back over
@@ -419,16 +427,19 @@ class SchedulerPolicy:
         """A value check failed on the request's last output token: take the token back and ban
         it there; while every token the grammar allows at the position is banned, take back and
         ban the one before too (never past what the client already has). ``structured.guard``.
-        Returns (ERROR, why) once one value failed its checks ``MAX_VALUE_RETRIES`` times."""
+        Returns (ERROR, why) once one value failed its checks ``MAX_VALUE_RETRIES`` times, or the
+        request's checks took back ``TAKE_BACK_PER_TOKEN`` tokens per token of its max_tokens."""
         matcher = request.matcher
         assert matcher is not None and matcher.guard is not None
         guard = matcher.guard
         guard.retries[failure.value_start] += 1
         output = request.output_token_ids
-        if guard.retries[failure.value_start] > MAX_VALUE_RETRIES:
+        spent = guard.num_rejected >= max(TAKE_BACK_MIN, TAKE_BACK_PER_TOKEN * request.max_tokens)
+        if guard.retries[failure.value_start] > MAX_VALUE_RETRIES or spent:
             output.pop()  # (the request ends; nothing held back is delivered: see update)
             matcher.rollback(1)
-            return FinishReason.ERROR, f"no output satisfying the schema was found: {failure.message}"
+            why = f" ({guard.num_rejected} tokens taken back in all)" if spent else ""
+            return FinishReason.ERROR, f"no output satisfying the schema was found: {failure.message}{why}"
         # Usually only how the value ended is taken back; a value that keeps failing starts over.
         restart = guard.retries[failure.value_start] > RESTART_AFTER
         first = max(guard.token_at(failure.value_start), guard.num_released) if restart else len(output) - 1
@@ -454,7 +465,8 @@ class SchedulerPolicy:
             return FinishReason.ERROR, why  # (a token the client has cannot be taken back)
         at = guard.ends[len(output) - 1] if output else 0  # where the culprit's bytes began
         guard.retries[at] += 1
-        if guard.retries[at] > MAX_VALUE_RETRIES:
+        spent = guard.num_rejected >= max(TAKE_BACK_MIN, TAKE_BACK_PER_TOKEN * request.max_tokens)
+        if guard.retries[at] > MAX_VALUE_RETRIES or spent:
             return FinishReason.ERROR, f"no output satisfying the schema was found: {why}"
         return self._take_back(request, len(output), [], taken=token)
 
