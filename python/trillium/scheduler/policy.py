@@ -51,9 +51,6 @@ from trillium.structured.closer import NUM_VARIANTS, SearchBudget
 from trillium.structured.guard import MAX_VALUE_RETRIES, RESTART_AFTER
 from trillium.structured.value_checks import CheckFailure
 
-# Closing a JSON output (``SchedulerPolicy._close_if_due``): recomputed every step once the
-# allowance left is within CLOSE_MARGIN tokens of the last closing's length, else every
-# CLOSE_RECHECK steps.
 # What the value checks of one request may take back in all (``SchedulerPolicy._reject``), in
 # tokens per token of its max_tokens, and at least: each taken-back token was a step's work.
 # MAX_VALUE_RETRIES bounds the retries of one value, each in full once it starts over, but not
@@ -62,6 +59,9 @@ from trillium.structured.value_checks import CheckFailure
 # ``tests/unit/test_structured.py``'s NEEDS_MORE in 60 tokens; sampled ones far fewer.)
 TAKE_BACK_PER_TOKEN = 8
 TAKE_BACK_MIN = 1024
+# Closing a JSON output (``SchedulerPolicy._close_if_due``): recomputed every step once the
+# allowance left is within CLOSE_MARGIN tokens of the last closing's length, else every
+# CLOSE_RECHECK steps.
 CLOSE_MARGIN = 64  # a value opening in one step can add tens of tokens (an item's required keys)
 CLOSE_RECHECK = 8
 CLOSE_BACKTRACK = 8  # held tokens a closing that fails value checks may be moved back over
