@@ -12,6 +12,7 @@ that leads to a missing property or item, then the shortest values (``0``, ``""`
 ``[]``, ``{}``). Closing the innermost open value as soon as the grammar allows it is what makes
 the result short: every character either ends a value or is one the grammar demands. After a
 character was picked :data:`MAX_REPEAT` times in a row, the pick is the first allowed character
+after which the value may end (a key that must match ``b$`` ends after a ``b``), else the first
 after which the grammar allows something else, so that a pattern such as ``[a-z]+/[0-9]``
 (whose strings cannot close after letters alone) still ends.
 The characters are then re-tokenized (BPE merges ``"]}`` into fewer tokens) and the shorter of
