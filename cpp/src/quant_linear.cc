@@ -23,11 +23,6 @@ using kernels::QuantLinearKernels;
 
 namespace {
 
-// Groups rounded up to whole tiles: what the packed buffers hold.
-int64_t padded_groups(int64_t out_features) {
-  return (quant_linear_groups(out_features) + kQuantTileGroups - 1) / kQuantTileGroups * kQuantTileGroups;
-}
-
 constexpr int64_t kRowChunk = 64;      // rows whose int8 codes stay in L2 while weights stream past
 constexpr int64_t kGroupsPerItem = kQuantTileGroups;  // one tile (32 output features) per work item
 
@@ -169,10 +164,10 @@ bool quant_linear_supported_bits(int32_t bits) { return bits == 4 || bits == 5 |
 
 int32_t quant_linear_scale_blocks(int32_t bits) { return static_cast<int32_t>(kernels::quant_scale_blocks(bits)); }
 
-int64_t quant_linear_groups(int64_t out_features) { return (out_features + kQuantGroupCols - 1) / kQuantGroupCols; }
+int64_t quant_linear_groups(int64_t out_features) { return kernels::quant_groups(out_features); }
 
 int64_t quant_linear_packed_bytes(int64_t out_features, int64_t in_features, int32_t bits) {
-  return padded_groups(out_features) * (in_features / kQuantBlock) * block_bytes(bits);
+  return kernels::quant_padded_groups(out_features) * (in_features / kQuantBlock) * block_bytes(bits);
 }
 
 int64_t quant_linear_scale_count(int64_t out_features, int64_t in_features, int32_t bits) {
@@ -180,7 +175,8 @@ int64_t quant_linear_scale_count(int64_t out_features, int64_t in_features, int3
 }
 
 int64_t quant_linear_super_count(int64_t out_features, int64_t in_features) {
-  return padded_groups(out_features) * (in_features / (kQuantBlock * kernels::kSuperBlocks)) * kQuantGroupCols;
+  return kernels::quant_padded_groups(out_features) * (in_features / (kQuantBlock * kernels::kSuperBlocks)) *
+         kQuantGroupCols;
 }
 
 // ------------------------------------------------------------------------------------- packing

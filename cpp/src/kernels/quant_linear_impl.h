@@ -72,10 +72,14 @@ inline int64_t quant_super_index(int64_t g, int64_t b, int64_t nb) {
 // quant_linear_scale_count, inline: the exact path's inner loops find each block's sub-mins with
 // it, and a call there (a function of another file) made the compiler spill and reload every
 // vector register around it -- a Q4_K / Q5_K projection ran at half the speed of Q6_K's.
+// quant_linear_groups, inline; and those groups rounded up to whole tiles: what the packed
+// buffers hold.
+inline int64_t quant_groups(int64_t out_features) { return (out_features + kQuantGroupCols - 1) / kQuantGroupCols; }
+inline int64_t quant_padded_groups(int64_t out_features) {
+  return (quant_groups(out_features) + kQuantTileGroups - 1) / kQuantTileGroups * kQuantTileGroups;
+}
 inline int64_t quant_scale_count(int64_t out_features, int64_t in_features, int32_t bits) {
-  const int64_t groups = (out_features + kQuantGroupCols - 1) / kQuantGroupCols;
-  const int64_t padded = (groups + kQuantTileGroups - 1) / kQuantTileGroups * kQuantTileGroups;  // whole tiles
-  return padded * (in_features / kQuantBlock) * quant_scale_blocks(bits) * kQuantGroupCols;
+  return quant_padded_groups(out_features) * (in_features / kQuantBlock) * quant_scale_blocks(bits) * kQuantGroupCols;
 }
 inline int64_t quant_sub_min_offset(const QuantWeightView& w) {
   return quant_scale_count(w.out_features, w.in_features, w.bits);
