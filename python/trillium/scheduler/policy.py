@@ -434,7 +434,7 @@ class SchedulerPolicy:
         guard = matcher.guard
         guard.retries[failure.value_start] += 1
         output = request.output_token_ids
-        spent = guard.num_rejected >= max(TAKE_BACK_MIN, TAKE_BACK_PER_TOKEN * request.max_tokens)
+        spent = self._take_back_spent(request)
         if guard.retries[failure.value_start] > MAX_VALUE_RETRIES or spent:
             output.pop()  # (the request ends; nothing held back is delivered: see update)
             matcher.rollback(1)
@@ -445,6 +445,13 @@ class SchedulerPolicy:
         first = max(guard.token_at(failure.value_start), guard.num_released) if restart else len(output) - 1
         also = [] if restart else guard.completing_alike(output)
         return self._take_back(request, first, also)
+
+    @staticmethod
+    def _take_back_spent(request: Request) -> bool:
+        """The request's checks took back all they may (``TAKE_BACK_PER_TOKEN``)."""
+        assert request.matcher is not None and request.matcher.guard is not None
+        limit = max(TAKE_BACK_MIN, TAKE_BACK_PER_TOKEN * request.max_tokens)
+        return bool(request.matcher.guard.num_rejected >= limit)
 
     def _dead_end(self, request: Request) -> tuple[FinishReason | None, str | None]:
         """The request's last token left its grammar at a dead end (``GrammarMatcher.dead_end``).
@@ -465,8 +472,7 @@ class SchedulerPolicy:
             return FinishReason.ERROR, why  # (a token the client has cannot be taken back)
         at = guard.ends[len(output) - 1] if output else 0  # where the culprit's bytes began
         guard.retries[at] += 1
-        spent = guard.num_rejected >= max(TAKE_BACK_MIN, TAKE_BACK_PER_TOKEN * request.max_tokens)
-        if guard.retries[at] > MAX_VALUE_RETRIES or spent:
+        if guard.retries[at] > MAX_VALUE_RETRIES or self._take_back_spent(request):
             return FinishReason.ERROR, f"no output satisfying the schema was found: {why}"
         return self._take_back(request, len(output), [], taken=token)
 
@@ -532,9 +538,9 @@ class SchedulerPolicy:
         append the closing and return how many of this step's ``new_token_ids`` were kept
         before it, and the message of the value check the closed output still fails (None: it
         passes every check; said in the response as ``unsatisfied_check``, never returned
-        silently as if valid); None while there is room. This step's tokens (not yet delivered) are taken
-        back one at a time while the closing from after them would not fit: the state before
-        the step had room for its own. The closing is computed only near the end of the
+        silently as if valid); None while there is room. This step's tokens (not yet delivered)
+        are taken back one at a time while the closing from after them would not fit: the state
+        before the step had room for its own. The closing is computed only near the end of the
         allowance, and every ``CLOSE_RECHECK`` steps elsewhere (it can grow when a value opens)."""
         matcher = request.matcher
         assert matcher is not None
@@ -609,10 +615,7 @@ class SchedulerPolicy:
                 guard.replay(output)
                 return closing
             step *= 2
-        popped.reverse()
-        if popped and not matcher.accept_forced(popped):
-            raise RuntimeError(f"the grammar refused tokens it had accepted: {matcher.error}")
-        output.extend(popped)
+        self._put_back(request, popped)
         return None
 
     def _checked_closing(self, request: Request, room: int, kept: int) -> tuple[list[int], int] | None:
@@ -660,12 +663,20 @@ class SchedulerPolicy:
                 return c, max(kept - len(popped), 0)
         # None passes: back to where the output stood, for the usual closing (it parses; the
         # checks it fails are what the model and the closer could not satisfy in the room left).
-        popped.reverse()
-        if popped and not matcher.accept_forced(popped):
-            raise RuntimeError(f"the grammar refused tokens it had accepted: {matcher.error}")
-        output.extend(popped)
+        self._put_back(request, popped)
         guard.replay(output)
         return None
+
+    @staticmethod
+    def _put_back(request: Request, popped: list[int]) -> None:
+        """Give the output (and its matcher) back the tokens a closing search took back,
+        ``popped`` last first as they were taken."""
+        matcher = request.matcher
+        assert matcher is not None
+        tokens = popped[::-1]
+        if tokens and not matcher.accept_forced(tokens):
+            raise RuntimeError(f"the grammar refused tokens it had accepted: {matcher.error}")
+        request.output_token_ids.extend(tokens)
 
     def _room(self, request: Request) -> int:
         """Output tokens the request may still produce (``max_tokens``, the context)."""

@@ -78,10 +78,10 @@ class Closer:
         # The checked search's: the other digits right after the first, so that a value a check
         # rejects (a duplicate 0) becomes the next short one (1), not a longer -1 or 10.
         digits = self._single_tokens("0123456789")
+        self._checked_alphabets = {key: _digits_together(a, digits) for key, a in self._alphabets.items()}
         # What ends the value being written: a string's quote, or (outside strings) a closer.
         self._enders = {True: self._single_tokens('"'), False: self._single_tokens("]},")}
         self._backslash = self._single_tokens("\\")[0]
-        self._checked_alphabets = {key: _digits_together(a, digits) for key, a in self._alphabets.items()}
 
     def token_bytes(self, token_id: int) -> bytes:
         return self._ll_tokenizer.decode_bytes([token_id])
@@ -250,12 +250,11 @@ class Closer:
         allowed: ``"`` may follow it), else the first after which the grammar allows a
         different set of tokens (``/`` in ``[a-z]+/``: letters lead back to the same state), else
         the first allowed one (a ``minLength`` string: every letter is progress)."""
-        # validate_tokens of two tokens costs what one does (~5 µs): every allowed character is
-        # tried for an ending, the costlier mask comparison below only for the first few.
+        # validate_tokens of two tokens costs what one does (~5 µs): every character is tried
+        # for an ending, the costlier mask comparison below only for the first few allowed. (After
+        # a backslash a quote is part of the string.)
         for token in alphabet:
-            if token == self._backslash or m.validate_tokens([token]) != 1:
-                continue  # (after a backslash a quote is part of the string)
-            if any(m.validate_tokens([token, e]) == 2 for e in self._enders[in_string]):
+            if token != self._backslash and any(m.validate_tokens([token, e]) == 2 for e in self._enders[in_string]):
                 return token
         here = m.compute_bitmask()
         first, tried = -1, 0
