@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -34,6 +35,9 @@ from tests.integration.test_hf_parity import (
 )
 from trillium.models import default_model_path, load_model
 from trillium.ops.attention import AttentionMetadata
+
+if TYPE_CHECKING:
+    from trillium.llm import RequestOutput
 
 
 def _cuda_ready() -> bool:
@@ -143,13 +147,32 @@ def llms():
     eager.engine.close()
 
 
+def _greedy_paths_part_only_at_a_near_tie(a: RequestOutput, b: RequestOutput) -> None:
+    """Two greedy outputs of the same prompt from different step shapes (captured and padded, or
+    eager) follow one path, except that they may part where the two leading tokens are within
+    bf16 noise of each other (a logit margin below 1.0, as in the HF bf16 parity test): there the
+    rounding of another summation order may flip the argmax (docs/gpu.md, "Numerics"). On the
+    H200, one of these prompts gave 13 tokens or 24 depending on whether its prompt was cached,
+    in either engine."""
+    parted = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
+    if parted is None:
+        assert a.token_ids == b.token_ids, (a.text, b.text)
+        return
+    for out, other in ((a, b), (b, a)):
+        top = dict(out.logprobs[parted][1])
+        rival = other.token_ids[parted]
+        assert rival in top, (parted, a.text, b.text, top)
+        assert top[out.token_ids[parted]] - top[rival] < 1.0, (parted, a.text, b.text, top)
+
+
 def test_llm_on_cuda_graphs_and_eager_agree(llms) -> None:
     from trillium.protocol import SamplingParams
 
     graphs, eager = llms
     prompts = [f"List {n} animals that live in the sea:" for n in range(2, 9)]
-    greedy = SamplingParams(temperature=0.0, max_tokens=24)
-    assert [o.text for o in graphs.generate(prompts, greedy)] == [o.text for o in eager.generate(prompts, greedy)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, logprobs=5)
+    for a, b in zip(graphs.generate(prompts, greedy), eager.generate(prompts, greedy), strict=True):
+        _greedy_paths_part_only_at_a_near_tie(a, b)
     # Sampled requests are not compared bit for bit: a captured step plans its attention splits
     # for the longest context and an eager one for its own, and a prefix-cache hit turns a prompt's
     # last token into a decode step; equal in exact arithmetic, not in bf16 bits (docs/gpu.md).
