@@ -83,28 +83,8 @@ void rotary_token_portable(const RotaryArgs& a, int64_t t) {
 TRILLIUM_TARGET_AVX2_BEGIN
 namespace isa_avx2_layer {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// 2^x, |rel err| ~1e-7 (same polynomial as the attention kernels' softmax).
-inline __m256 exp2x8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+// exp2x8 (2^x, |rel err| ~1e-7) and hsum8: the attention kernels' helpers, one copy for both.
+#include "kernels/simd_avx2.h"
 
 void rms_norm_row(const RmsNormArgs& a, int64_t r) {
   const float* x = a.x + r * a.x_stride;
@@ -120,7 +100,7 @@ void rms_norm_row(const RmsNormArgs& a, int64_t r) {
     }
     acc = _mm256_fmadd_ps(v, v, acc);
   }
-  float sum = hsum(acc);
+  float sum = hsum8(acc);
   for (int64_t i = n8; i < a.hidden; ++i) {
     const float v = res ? x[i] + res[i] : x[i];
     if (res) res[i] = v;
