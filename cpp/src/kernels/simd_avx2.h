@@ -1,5 +1,6 @@
-// Internal: the 16-float pack API (see simd_portable.h) on two AVX2 registers. Included in an ISA
-// namespace within attention_isa_avx2.cc's TRILLIUM_TARGET_AVX2 region (kernels/isa_target.h).
+// Internal: the 16-float pack API (see simd_portable.h) on two AVX2 registers, and the 8-lane
+// helpers under it (exp2x8, hsum8, hmax8). Included in an ISA namespace within a
+// TRILLIUM_TARGET_AVX2 region (kernels/isa_target.h): attention_isa_avx2.cc's and layer_ops.cc's.
 
 struct F16 {
   __m256 lo, hi;
