@@ -374,6 +374,53 @@ async def test_what_the_checks_of_one_request_take_back_is_bounded(tok, compiler
     assert 3 <= actor.stats.latest.num_rejected_tokens < 10
 
 
+WITNESS_ONLY = {  # a multiple of 3 that is no multiple of 5, 7 or 8: 1 and 2 fail, 3 is the witness
+    "type": "integer",
+    "allOf": [
+        {"minimum": 1},
+        {"anyOf": [{"multipleOf": 3}, {"multipleOf": 5}, {"multipleOf": 7}]},
+        {"anyOf": [{"allOf": [{"not": {"multipleOf": 5}}, {"not": {"multipleOf": 7}}]}, {"multipleOf": 24}]},
+        {"not": {"multipleOf": 8}},
+    ],
+}
+
+
+@pytest.mark.parametrize("case", ["closing", "retry bound", "retry bound, no witnesses"])
+async def test_a_value_is_written_again_as_a_witness_of_its_schema(tok, compiler, monkeypatch, case):
+    """A model that writes the smallest tokens first, under ``{"n": <WITNESS_ONLY>}``.
+
+    - Left alone it writes ``1000...`` (digits before ``}``) until max_tokens: the closing goes
+      back to the number's start and writes a witness of its subschemas (3).
+    - Made to end the number at once (``}`` favoured), ``1}`` fails its checks; once a value failed
+      more often than the retry bound allows (here: once), the engine writes it again as a
+      witness, and the model goes on from there. Without witnesses (``MAX_WITNESS_VALUES`` 0) the
+      request ends with the retry bound's error, as before."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from trillium.scheduler import policy
+
+    monkeypatch.setattr(policy, "MAX_VALUE_RETRIES", 0)  # the first failure is one too many
+    if case.endswith("no witnesses"):
+        monkeypatch.setattr(policy, "MAX_WITNESS_VALUES", 0)
+    schema = {"type": "object", "properties": {"n": WITNESS_ONLY}, "required": ["n"], "additionalProperties": False}
+    grammar = compiler.compile(StructuredOutputs(json=schema))
+    assert grammar.checks is not None
+    sampling = SamplingParams(max_tokens=40, structured=StructuredOutputs(json=schema))
+    favour = [] if case == "closing" else tok.encode("}")
+    results, actor, _ = await run_requests(tok, [("r", sampling, grammar)], favour=favour)
+    ids, reason = results["r"]
+    latest = actor.stats.latest
+    if case == "closing":
+        assert reason == FinishReason.LENGTH and actor.closed_early["r"] and actor.unsatisfied_check["r"] is None
+        assert json.loads(tok.decode(ids)) == {"n": 3} and latest.num_witness_closings == 1  # /stats counts it
+    elif case == "retry bound":
+        value = json.loads(tok.decode(ids))
+        jsonschema.validate(value, schema)
+        assert reason == FinishReason.STOP and value == {"n": 3}, tok.decode(ids)
+        assert latest.num_witness_values == 1 and latest.num_rejected_tokens > 0
+    else:
+        assert reason == FinishReason.ERROR and "no output satisfying the schema" in actor.errors["r"]
+
+
 @pytest.mark.parametrize("search", ["bounded", "spent"])
 async def test_a_closed_output_that_fails_a_check_says_which(tok, compiler, monkeypatch, search):
     """A model that never wants to end, writing unique items until max_tokens: the closing must

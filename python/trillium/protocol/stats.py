@@ -25,6 +25,8 @@ class SchedulerStats(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     step_seconds: float = 0.0  # time inside the executor, summed over steps
     num_forced_tokens: int = 0  # structured output: appended by jump-forward, never sampled
     num_closed_outputs: int = 0  # JSON outputs closed by their grammar's shortest completion before max_tokens
+    num_witness_closings: int = 0  # of those, closings that wrote an open value as a witness of its schema
+    num_witness_values: int = 0  # values written as witnesses of their schema after failing checks too often
     num_rejected_tokens: int = 0  # output tokens taken back because a value failed a schema check
     grammar_steps: int = 0  # steps with at least one constrained sampling row
     grammar_masks: int = 0  # constrained rows masked, summed over steps

@@ -417,6 +417,8 @@ class SchedulerActor(Actor):
                 step_seconds=round(self.step_seconds, 3),
                 num_forced_tokens=self.policy.num_forced_tokens,
                 num_closed_outputs=self.policy.num_closed_outputs,
+                num_witness_closings=self.policy.num_witness_closings,
+                num_witness_values=self.policy.num_witness_values,
                 num_rejected_tokens=self.policy.num_rejected_tokens,
                 grammar_steps=filler.num_steps if filler is not None else 0,
                 grammar_masks=filler.num_rows if filler is not None else 0,

@@ -49,6 +49,7 @@ from trillium.speculative import DraftDepth, NgramProposer, SpecStats
 from trillium.speculative.draft_slots import DraftSlots
 from trillium.structured.closer import NUM_VARIANTS, SearchBudget
 from trillium.structured.guard import MAX_VALUE_RETRIES, RESTART_AFTER
+from trillium.structured.matcher import MAX_WITNESSES
 from trillium.structured.value_checks import CheckFailure
 
 # What the value checks of one request may take back in all (``SchedulerPolicy._reject``), in
@@ -70,6 +71,7 @@ CLOSE_BACKTRACK = 8  # held tokens a closing that fails value checks may be move
 # ~500 checks in 0.07 s but one (1,100 checks, 7 s); fruitless ones ran up to 20 s.
 CLOSE_CHECK_BUDGET = 1000  # per search
 CLOSE_SEARCH_SECONDS = 0.25  # per step, all searches together
+MAX_WITNESS_VALUES = 4  # values of one request written as witnesses (``_write_witness``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +138,8 @@ class SchedulerPolicy:
         self.num_preemptions = 0
         self.num_forced_tokens = 0  # appended by jump-forward (structured output), never sampled
         self.num_closed_outputs = 0  # JSON outputs closed before max_tokens (``_close_if_due``)
+        self.num_witness_closings = 0  # of those, closings that wrote an open value as a witness
+        self.num_witness_values = 0  # values written as witnesses after failing their checks too often
         self.num_rejected_tokens = 0  # output tokens taken back by failed value checks (``_reject``)
         self._search_deadline = 0.0  # when this step's checked closing searches must stop (update)
 
@@ -436,6 +440,8 @@ class SchedulerPolicy:
         output = request.output_token_ids
         spent = self._take_back_spent(request)
         if guard.retries[failure.value_start] > MAX_VALUE_RETRIES or spent:
+            if self._write_witness(request, failure.value_start):
+                return None, None  # the value, written again as a witness; the request goes on
             output.pop()  # (the request ends; nothing held back is delivered: see update)
             matcher.rollback(1)
             why = f" ({guard.num_rejected} tokens taken back in all)" if spent else ""
@@ -445,6 +451,50 @@ class SchedulerPolicy:
         first = max(guard.token_at(failure.value_start), guard.num_released) if restart else len(output) - 1
         also = [] if restart else guard.completing_alike(output)
         return self._take_back(request, first, also)
+
+    def _write_witness(self, request: Request, start: int) -> bool:
+        """The value at byte ``start`` of the output failed its checks too often: take the output
+        back to where it starts and write it again as a witness of its subschemas
+        (``structured.witness``; forced tokens, like jump-forward's), for the model to go on
+        after. Only over tokens still held back, at most ``MAX_WITNESS_VALUES`` times per
+        request, and only where the output could still be closed after it. True if written;
+        otherwise the output is as it was."""
+        matcher, output = request.matcher, request.output_token_ids
+        assert matcher is not None and matcher.guard is not None
+        guard = matcher.guard
+        cut = guard.token_at(start)
+        if cut < guard.num_released or guard.num_witness_values >= MAX_WITNESS_VALUES or matcher.closer is None:
+            return False
+        taken = output[cut:]
+        head = guard.text(taken)[: start - (guard.ends[cut - 1] if cut else 0)]
+        if not matcher.rollback(len(taken)):
+            return False
+        del output[cut:]
+        guard.replay(output)
+        probe = guard.checker.copy()
+        node = probe.next_value_node if probe.feed(head) is None else None
+        tokens = None
+        if node is not None:
+            budget = SearchBudget(CLOSE_CHECK_BUDGET, max(0.0, self._search_deadline - time.perf_counter()))
+            room = self._room(request)
+            tokens = matcher.witness_closing(
+                node, head, room, budget, lambda t: guard.failure(output + t) is None, close=False
+            )
+        if tokens is None or not matcher.accept_forced(tokens):
+            self._put_back(request, taken[::-1])
+            guard.replay(output)
+            return False
+        guard.num_rejected += len(taken)
+        self.num_rejected_tokens += len(taken)
+        guard.forget_from(cut)
+        self.kv.truncate(request)  # the K/V from the cut on was of the tokens taken back
+        output.extend(tokens)
+        guard.replay(output)
+        guard.num_witness_values += 1
+        self.num_witness_values += 1
+        if self.proposer is not None:
+            self.proposer.forget(request.request_id)
+        return True
 
     @staticmethod
     def _take_back_spent(request: Request) -> bool:
@@ -621,15 +671,21 @@ class SchedulerPolicy:
     def _checked_closing(self, request: Request, room: int, kept: int) -> tuple[list[int], int] | None:
         """The usual closing completes or invents a value a check rejects (a duplicate item):
         try the closer's other variants, from the output as it is, then from up to
-        ``CLOSE_BACKTRACK`` tokens earlier, then from the start of each value still open
-        (always tokens still held back, never delivered ones). Returns the closing to append
-        and this step's tokens kept; None if none passes (the output as it stood)."""
+        ``CLOSE_BACKTRACK`` tokens earlier, then from the start of each value still open, innermost
+        first: the value written again as a witness of its subschemas (``structured.witness``:
+        where the text so far rules out every ending, as a number under ``not: {multipleOf}``
+        inside an ``anyOf`` can), else by the checked closer -- always over tokens still held
+        back, never delivered ones. Returns the closing to append and this step's tokens kept;
+        None if none passes (the output as it stood)."""
         matcher, output = request.matcher, request.output_token_ids
         assert matcher is not None and matcher.guard is not None
         guard = matcher.guard
         # The search runs on the event loop: bounded in checks and in time (closer.SearchBudget),
-        # the time shared by every such search of one step.
-        budget = SearchBudget(CLOSE_CHECK_BUDGET, max(0.0, self._search_deadline - time.perf_counter()))
+        # the time shared by every such search of one step. Half of each goes to closings from
+        # where the output stands (or a few tokens back), the rest to values written again from
+        # their start: the first half can spend everything on a hopeless output.
+        left = max(0.0, self._search_deadline - time.perf_counter())
+        budget = SearchBudget(CLOSE_CHECK_BUDGET // 2, left / 2)
         popped: list[int] = []
         for _ in range(CLOSE_BACKTRACK):
             guard.replay(output)
@@ -646,18 +702,31 @@ class SchedulerPolicy:
             popped.append(output.pop())
             room += 1
         # Then from the start of each value still open, innermost first: the one whose checks
-        # the text so far rules out is written again by the (checked) closer.
+        # the text so far rules out is written again, as a witness of its subschemas
+        # (structured.witness) or by the (checked) closer.
+        budget = SearchBudget(CLOSE_CHECK_BUDGET // 2, max(0.0, self._search_deadline - time.perf_counter()))
         guard.replay(output)
-        for start in reversed(guard.checker.open_starts):
+        values = guard.checker.open_values
+        for depth in range(len(values) - 1, -1, -1):
+            start, node = values[depth]
             if budget.spent:
                 break
             cut = max(guard.token_at(start), guard.num_released)
             if cut >= len(output) or not matcher.rollback(len(output) - cut):
                 continue
+            cut_offset = guard.ends[cut - 1] if cut else 0
+            head = guard.text(output[cut:])[: max(start - cut_offset, 0)]
             popped.extend(reversed(output[cut:]))
             room += len(output) - cut
             del output[cut:]
             guard.replay(output)
+            if node is not None and start >= cut_offset:  # the value's start was not delivered
+                # The outermost value gets more tries: written again, it ends the output.
+                tries = MAX_WITNESSES if depth == 0 else MAX_WITNESSES // 4
+                c = matcher.witness_closing(node, head, room, budget, lambda c: guard.accepts(output + c), tries)
+                if c is not None:
+                    self.num_witness_closings += 1
+                    return c, max(kept - len(popped), 0)
             c = matcher.closing(checked=True, room=room, budget=budget)
             if c is not None and len(c) <= room and guard.accepts(output + c):
                 return c, max(kept - len(popped), 0)

@@ -110,6 +110,16 @@ class CallsChecker:
         return [self._call_start + start for start in self._call.open_starts]
 
     @property
+    def open_values(self) -> list[tuple[int, CheckNode | None]]:
+        if self._call is None:
+            return []
+        return [(self._call_start + start, node) for start, node in self._call.open_values]
+
+    @property
+    def next_value_node(self) -> CheckNode | None:
+        return self._call.next_value_node if self._call is not None else None
+
+    @property
     def hold_from(self) -> int | None:
         hold = self._call.hold_from if self._call is not None else None
         return self._call_start + hold if hold is not None else None

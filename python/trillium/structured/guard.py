@@ -82,6 +82,7 @@ class OutputGuard:
         self.num_released = 0  # output tokens delivered to the client
         self._logprobs: dict[int, Any] = {}  # output position -> its logprobs entry, while held
         self.num_rejected = 0  # tokens rolled back by failed checks
+        self.num_witness_values = 0  # values written as witnesses after failing too often
 
     def feed(self, token_id: int, *, end: bool = False) -> CheckFailure | None:
         """Check the output after one more token; ``end``: it ends the output (EOS, a stop token),
@@ -121,6 +122,15 @@ class OutputGuard:
         banned.add(token_id)
         banned.update(also)
 
+    def forget_from(self, position: int) -> None:
+        """The output was cut back to ``position`` tokens and goes on differently: the bans and
+        retry counts past it were about text that is gone."""
+        for p in [p for p in self.bans if p >= position]:
+            del self.bans[p]
+        at = self.ends[position - 1] if position else 0
+        for start in [s for s in self.retries if s >= at]:
+            del self.retries[start]
+
     def unban(self, position: int, token_ids: list[int]) -> None:
         banned = self.bans.get(position)
         if banned is not None:
@@ -142,6 +152,10 @@ class OutputGuard:
             if checker.feed(data[j : j + 1]) is not None:
                 return self._index.starting_with(data[: j + 1]) if data[j] in _STRUCTURAL else []
         return []
+
+    def text(self, token_ids: list[int]) -> bytes:
+        """The bytes of ``token_ids``."""
+        return b"".join(self._token_bytes(t) for t in token_ids)
 
     def token_at(self, byte_offset: int) -> int:
         """Index of the output token holding byte ``byte_offset``."""

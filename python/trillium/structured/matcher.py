@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+
 import llguidance
 
 from trillium.structured.closer import MAX_CHARS, Closer, SearchBudget, string_state
 from trillium.structured.guard import OutputGuard
+from trillium.structured.value_checks import CheckNode
+from trillium.structured.witness import Spent, WitnessFinder
 
 # How llguidance words a per-token parser limit (LLParserLimits: max_items_in_row, step_max_items).
 PARSER_LIMIT_SIGNS = ("max is", "TooComplex", "too complex")
+MAX_WITNESSES = 32  # witnesses of one value a closing tries (each tokenized, closed and checked)
 
 
 class GrammarMatcher:
@@ -124,6 +130,52 @@ class GrammarMatcher:
         in_string = self._strings[-1][0] if self._strings else False
         limit = MAX_CHARS if room is None else 4 * room + 16
         return self.closer.closing(self._m, limit, variant, checker, in_string, budget)
+
+    def closing_after(self, text: bytes, room: int | None = None) -> list[int] | None:
+        """``text`` and then the usual closing, as tokens the grammar accepts from here
+        (``Closer.closing_after``), or None. Consumes nothing."""
+        if self.closer is None:
+            return None
+        in_string = self._strings[-1][0] if self._strings else False
+        limit = MAX_CHARS if room is None else 4 * room + 16
+        return self.closer.closing_after(self._m, text, limit, in_string)
+
+    def witness_closing(
+        self,
+        node: CheckNode,
+        head: bytes,
+        room: int,
+        budget: SearchBudget,
+        accepts: Callable[[list[int]], bool],
+        tries: int = MAX_WITNESSES,
+        *,
+        close: bool = True,
+    ) -> list[int] | None:
+        """A closing that writes the open value whose checks are ``node``'s again, as a witness of
+        its subschemas (``structured.witness``), after ``head`` (the bytes between where the
+        output stands and that value's start), then closes the rest as usual: the first within
+        ``room`` tokens that ``accepts`` (the whole output's checks) takes, trying at most
+        ``tries`` witnesses within ``budget``; None otherwise. ``close=False``: only the tokens
+        of ``head`` and the witness (the output goes on after it), still only where the closing
+        after it fits. Consumes nothing."""
+        ctx = node.context
+        finder = WitnessFinder(ctx.validator, ctx.specification, ctx.legacy_ref, lambda: budget.spent)
+        try:
+            for i, value in enumerate(finder.witnesses(node.schemas)):
+                if i == tries:
+                    break
+                text = head + json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+                closing = self.closing_after(text, room)
+                if closing is None or len(closing) > room:
+                    continue
+                if not close:
+                    assert self.closer is not None  # (closing_after found one)
+                    closing = closing[: len(self.closer.tokenize(text))]
+                if accepts(closing):
+                    return closing
+        except Spent:
+            pass
+        return None
 
     def bitmask(self) -> bytes:
         """The grammar's allowed tokens from here, one bit per token id (little-endian)."""

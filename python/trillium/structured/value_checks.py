@@ -196,6 +196,15 @@ class CheckNode:
         self.max_properties = min(max_properties) if max_properties else None  # checked per key
         self.holds = self.whole or self.min_properties is not None  # may fail once it completes
 
+    @property
+    def schemas(self) -> list[tuple[Any, Resolver]]:
+        """The subschemas that apply at this position (with the resolver each is read with)."""
+        return self._schemas
+
+    @property
+    def context(self) -> CheckContext:
+        return self._ctx
+
     def check(self, value: Any) -> str | None:
         """None if ``value`` is valid for the subschemas of this position, else why not."""
         if self._validators is None:
@@ -371,6 +380,28 @@ class ValueChecker:
         if self._state in _SCALAR_STATES:
             starts.append(self._scalar_start)
         return starts
+
+    @property
+    def open_values(self) -> list[tuple[int, CheckNode | None]]:
+        """(byte offset, node) of the values still open, outermost first, as ``open_starts``; a
+        key being written is no value: its node is None."""
+        values = [(frame.start, frame.node) for frame in self._stack]
+        if self._state in _SCALAR_STATES:
+            values.append((self._scalar_start, None if self._is_key else self._scalar_node))
+        return values
+
+    @property
+    def next_value_node(self) -> CheckNode | None:
+        """Where a value is to start next (the output's start, after a ``:``, ``,`` or ``[``):
+        the node of that value; None elsewhere, or where no check applies."""
+        if self._failure is not None or self._state not in (_VALUE, _VALUE_OR_CLOSE):
+            return None
+        if not self._stack:
+            return self._root if self._buf.strip() == b"" else None
+        frame = self._stack[-1]
+        if frame.is_object:
+            return frame.child
+        return frame.node.child_for_index(frame.count) if frame.node is not None else None
 
     @property
     def hold_from(self) -> int | None:
@@ -585,6 +616,12 @@ def checks_run() -> int:
     """Whole-value checks run in this process so far (memoized ones included): work budgets
     compare it before and after, so that what a budget allows does not depend on the memo."""
     return _checks_run
+
+
+def count_check() -> None:
+    """Counts one check run elsewhere (a witness search's validation) in :func:`checks_run`."""
+    global _checks_run
+    _checks_run += 1
 
 
 def json_key(value: Any) -> Any:

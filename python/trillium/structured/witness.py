@@ -1,0 +1,706 @@
+"""Witnesses: small JSON values that satisfy a JSON Schema, found by proposing and checking.
+
+A closing must satisfy the value checks too (``structured.closer``), and where the model's text
+rules that out -- a number no digit can fix under ``not: {multipleOf: 8}`` inside an ``anyOf``, an
+object whose keys an ``oneOf`` of ``dependencies`` already rejects -- the closer writes the open
+value again from its start. Character by character it finds short values only where a check
+fails on a single character; a value whose validity depends on its whole shape needs the whole
+shape. :class:`WitnessFinder` proposes whole values instead, from the schema itself, and keeps
+those ``jsonschema`` accepts::
+
+    {"type": "number", "allOf": [{"minimum": 1}, {"anyOf": [{"multipleOf": 3}, {"multipleOf": 5}]},
+                                 {"not": {"multipleOf": 5}}]}                        -> 3
+
+Proposals come from the conjunction of the subschemas at a position (``allOf`` and ``$ref``
+followed): ``const``/``enum`` values; then each ``anyOf``/``oneOf`` branch and ``if``+``then`` /
+``else`` added to the conjunction in turn (a branch's hints -- its ``multipleOf``, its ``required``
+-- shape the proposals); then values of each allowed type built from the hints (bounds and
+multiples for numbers, a string the ``pattern`` matches, ``minItems`` items each a witness of the
+item schema, the required keys -- with ``dependencies`` -- plus optional ones up to
+``minProperties``, each value a witness of its own subschemas, found the same way, recursively).
+Every proposal is validated against every subschema of its position, so members are witnesses
+before their container is tried; ``not``, ``oneOf``'s exclusivity, ``uniqueItems`` and the like
+are left to that validation.
+
+This is a search, not a decision procedure: it finds the small witnesses of the probes that
+rule out the obvious values, not a witness of every satisfiable schema. It is bounded by the
+caller's budget (each validation counts as a check in ``value_checks.checks_run``), and by
+:data:`MAX_DEPTH` levels of nesting.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import referencing
+
+from trillium.structured.value_checks import applicable_subschemas, count_check
+
+Resolver = Any  # a referencing Resolver
+# The standard library's regex parser and its opcodes (``re._parser``, ``re._constants`` since
+# CPython 3.11; no type stubs): what a pattern's strings are generated from.
+sre_parse: Any = importlib.import_module("re._parser")
+sre_c: Any = importlib.import_module("re._constants")
+Part = tuple[Any, Resolver]  # one subschema of a conjunction, with the resolver it is read with
+
+MAX_DEPTH = 24  # nesting levels of a proposed value
+MAX_ITEMS = 8  # items beyond minItems never proposed past this
+NUM_KEYS = 6  # optional keys tried one at a time
+NUM_VALUES = 6  # candidates of one member tried while the others stay at their first
+NUM_NUMBERS = 48  # numbers proposed per conjunction
+NUM_STRINGS = 8  # strings generated per pattern
+NUM_HINTS = 12  # strings from anywhere in the schema tried where a string may go
+_FORMATS = {
+    "date": "2020-01-01",
+    "date-time": "2020-01-01T00:00:00Z",
+    "time": "00:00:00Z",
+    "email": "a@b.co",
+    "idn-email": "a@b.co",
+    "hostname": "a.co",
+    "idn-hostname": "a.co",
+    "ipv4": "1.1.1.1",
+    "ipv6": "::1",
+    "uri": "http://a.co",
+    "uri-reference": "a",
+    "iri": "http://a.co",
+    "iri-reference": "a",
+    "uuid": "00000000-0000-0000-0000-000000000000",
+    "duration": "P1D",
+    "json-pointer": "",
+    "regex": "a",
+}
+_TYPE_ORDER = ("object", "array", "string", "integer", "number", "boolean", "null")
+# Where nothing hints at a type (no ``type``, no keyword of one): the cheapest values first.
+_PLAIN_ORDER = ("string", "integer", "boolean", "null", "object", "array", "number")
+_HINTS = {
+    "object": ("properties", "required", "minProperties", "patternProperties", "additionalProperties", "dependencies"),
+    "array": ("items", "prefixItems", "minItems", "contains", "uniqueItems"),
+    "string": ("pattern", "minLength", "maxLength", "format"),
+    "integer": ("minimum", "maximum", "multipleOf", "exclusiveMinimum", "exclusiveMaximum"),
+    "number": ("minimum", "maximum", "multipleOf", "exclusiveMinimum", "exclusiveMaximum"),
+}
+
+
+class Spent(Exception):
+    """The caller's budget ran out during a search."""
+
+
+class WitnessFinder:
+    """Finds witnesses of subschemas of one schema document. Not thread-safe; one per search.
+
+    ``validator``: a ``jsonschema`` validator of the root schema (its draft and ``$ref``
+    registry); ``specification``: the ``referencing`` specification its resources are read
+    with; ``legacy_ref``: ``$ref`` hides its siblings (drafts up to 7); ``spent``: called before
+    each validation, True once the caller's budget is gone (the search then raises
+    :class:`Spent`)."""
+
+    def __init__(
+        self,
+        validator: Any,
+        specification: referencing.Specification[Any],
+        legacy_ref: bool,
+        spent: Callable[[], bool],
+    ) -> None:
+        self._validator = validator
+        self._specification = specification
+        self._legacy_ref = legacy_ref
+        self._spent = spent
+        self._validators: dict[int, Any] = {}
+        self._found: dict[tuple[tuple[int, ...], int], _Lazy] = {}
+        self._string_hints: list[str] = []
+
+    def witnesses(self, schemas: list[Part]) -> Iterator[Any]:
+        """Values valid for every one of ``schemas`` (a conjunction), smallest proposals first;
+        raises :class:`Spent` when the budget runs out."""
+        parts = self._flatten_all(schemas)
+        if parts is None:
+            return
+        hints: list[str] = []
+        for schema, _ in parts:
+            _string_hints(schema, hints, 0)
+        self._string_hints = list(dict.fromkeys(hints))[:NUM_HINTS]
+        lazy = self._lazy(parts, 0)
+        i = 0
+        while (value := lazy.get(i)) is not _END:
+            yield value
+            i += 1
+
+    # -- conjunctions ---------------------------------------------------------------------------
+
+    def _flatten_all(self, schemas: list[Part]) -> list[Part] | None:
+        """The conjuncts of ``schemas`` (``allOf`` and ``$ref`` followed); None if one is
+        ``false``."""
+        parts: list[Part] = []
+        seen: set[int] = set()
+        for schema, resolver in schemas:
+            if not self._flatten(schema, resolver, parts, seen):
+                return None
+        return parts
+
+    def _flatten(self, schema: Any, resolver: Resolver, parts: list[Part], seen: set[int]) -> bool:
+        if schema is False:
+            return False
+        if not isinstance(schema, dict) or id(schema) in seen:
+            return True
+        seen.add(id(schema))
+        resolver = resolver.in_subresource(self._specification.create_resource(schema))
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            target = resolver.lookup(ref)
+            if not self._flatten(target.contents, target.resolver, parts, seen):
+                return False
+            if self._legacy_ref:
+                return True
+        parts.append((schema, resolver))
+        branches = schema.get("allOf")
+        for branch in branches if isinstance(branches, list) else ():
+            if not self._flatten(branch, resolver, parts, seen):
+                return False
+        return True
+
+    def _lazy(self, parts: list[Part], depth: int) -> _Lazy:
+        key = (tuple(id(p) for p, _ in parts), depth)
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = _Lazy(self._checked(parts, depth))
+        return found
+
+    def _member(self, schemas: list[Part], depth: int) -> _Lazy | None:
+        """Witnesses of a member (a property value, an item) at ``depth``; None if none can
+        exist (a ``false`` subschema) or the nesting is too deep."""
+        if depth > MAX_DEPTH:
+            return None
+        parts = self._flatten_all(schemas)
+        return None if parts is None else self._lazy(parts, depth)
+
+    def _checked(self, parts: list[Part], depth: int) -> Iterator[Any]:
+        seen: set[str] = set()
+        for value in self._proposals(parts, depth, frozenset()):
+            if self._spent():  # also between validations: proposals may repeat for many branches
+                raise Spent
+            text = json.dumps(value, sort_keys=True)
+            if text in seen:
+                continue
+            seen.add(text)
+            if self._valid(parts, value):
+                yield value
+
+    def _valid(self, parts: list[Part], value: Any) -> bool:
+        for schema, resolver in parts:
+            if self._spent():
+                raise Spent
+            count_check()
+            validator = self._validators.get(id(schema))
+            if validator is None:
+                validator = self._validators[id(schema)] = self._validator.evolve(schema=schema, _resolver=resolver)
+            try:
+                if next(iter(validator.iter_errors(value)), None) is not None:
+                    return False
+            except Spent:
+                raise
+            except Exception:  # a schema jsonschema cannot evaluate: never a witness
+                return False
+        return True
+
+    # -- proposals ------------------------------------------------------------------------------
+
+    def _proposals(self, parts: list[Part], depth: int, expanded: frozenset[int]) -> Iterator[Any]:
+        for schema, _ in parts:
+            if "const" in schema:
+                yield schema["const"]
+                return
+            if isinstance(schema.get("enum"), list):
+                yield from schema["enum"]
+                return
+        # One branching keyword at a time: each alternative joins the conjunction.
+        for schema, resolver in parts:
+            if id(schema) in expanded:
+                continue
+            alternatives: list[list[Any]] = []
+            for word in ("anyOf", "oneOf"):
+                if isinstance(schema.get(word), list):
+                    alternatives += [[branch] for branch in schema[word]]
+            if "if" in schema and ("then" in schema or "else" in schema):
+                alternatives += [[schema["if"], schema.get("then", True)], [schema.get("else", True)]]
+            if not alternatives:
+                continue
+            for branch in alternatives:
+                more = self._flatten_all([(b, resolver) for b in branch])
+                if more is not None:
+                    yield from self._proposals(parts + more, depth, expanded | {id(schema)})
+            break
+        yield from self._by_type(parts, depth)
+
+    def _by_type(self, parts: list[Part], depth: int) -> Iterator[Any]:
+        types = set(_TYPE_ORDER)
+        for schema, _ in parts:
+            declared = schema.get("type")
+            if isinstance(declared, str):
+                declared = [declared]
+            if isinstance(declared, list):
+                named = set(declared) | ({"integer"} if "number" in declared else set())
+                types &= named
+        hinted = [t for t in _TYPE_ORDER if t in types and any(w in s for s, _ in parts for w in _HINTS.get(t, ()))]
+        rest = _TYPE_ORDER if any("type" in s for s, _ in parts) else _PLAIN_ORDER
+        order = hinted + [t for t in rest if t in types and t not in hinted]
+        if "number" in order and "integer" in order:
+            order.remove("number")  # integers first; non-integral numbers from the number proposals
+            order.insert(order.index("integer") + 1, "number")
+        for kind in order:
+            if kind == "null":
+                yield None
+            elif kind == "boolean":
+                yield False
+                yield True
+            elif kind == "integer":
+                yield from self._numbers(parts, integral=True)
+            elif kind == "number":
+                yield from self._numbers(parts, integral=False)
+            elif kind == "string":
+                yield from self._strings(parts)
+            elif kind == "array":
+                yield from self._arrays(parts, depth)
+            else:
+                yield from self._objects(parts, depth)
+
+    @staticmethod
+    def _numbers(parts: list[Part], integral: bool) -> Iterator[Any]:
+        low, high = -math.inf, math.inf
+        steps: list[float] = []
+        for schema, _ in parts:
+            for word, bound in (
+                ("minimum", "low"),
+                ("exclusiveMinimum", "low"),
+                ("maximum", "high"),
+                ("exclusiveMaximum", "high"),
+            ):
+                value = schema.get(word)
+                if isinstance(value, bool):  # draft 4: a flag on minimum/maximum
+                    continue
+                if isinstance(value, (int, float)):
+                    exclusive = word.startswith("exclusive") or schema.get("exclusive" + word.title()) is True
+                    edge = value + (1 if bound == "low" else -1) * (1 if exclusive else 0)
+                    if bound == "low":
+                        low = max(low, edge)
+                    else:
+                        high = min(high, edge)
+            step = schema.get("multipleOf")
+            if isinstance(step, (int, float)) and not isinstance(step, bool) and step > 0:
+                steps.append(step)
+        if steps and all(float(s).is_integer() for s in steps):
+            step = math.lcm(*(int(s) for s in steps))
+        elif steps:
+            step = steps[0]
+        else:
+            step = 1
+        if low == -math.inf and high < 0:  # only an upper bound below 0: downwards from it
+            start, direction = math.floor(high / step) * step, -1
+        else:
+            start, direction = (0 if low == -math.inf else math.ceil(low / step) * step), 1
+        for k in range(NUM_NUMBERS):
+            # start, start + step, ... and, without a lower bound, the negatives too
+            if low == -math.inf and high >= 0 and k:
+                n = start + (k // 2 + 1) * step * (1 if k % 2 else -1)
+            else:
+                n = start + direction * k * step
+            if n > high or n < low:
+                if low != -math.inf:
+                    break
+                continue
+            value = int(n) if float(n).is_integer() and abs(n) < 2**53 else n
+            if integral and not isinstance(value, int):
+                continue
+            yield value
+        if not integral:
+            for value in (0.5, -0.5, 1.5):
+                if low <= value <= high:
+                    yield value
+
+    def _strings(self, parts: list[Part]) -> Iterator[str]:
+        min_length = max([int(s["minLength"]) for s, _ in parts if isinstance(s.get("minLength"), int)] or [0])
+        for schema, _ in parts:
+            fmt = schema.get("format")
+            if isinstance(fmt, str) and fmt in _FORMATS:
+                yield _FORMATS[fmt]
+        patterns = [s["pattern"] for s, _ in parts if isinstance(s.get("pattern"), str)]
+        for pattern in patterns:
+            yield from pattern_strings(pattern, min_length)
+        yield "a" * min_length
+        yield from self._string_hints  # the document's own strings (a pattern inside a "not")
+        for ch in "bcdefg":
+            yield ch * max(min_length, 1)
+
+    def _arrays(self, parts: list[Part], depth: int) -> Iterator[list[Any]]:
+        min_items = max([int(s["minItems"]) for s, _ in parts if isinstance(s.get("minItems"), int)] or [0])
+        max_items = min([int(s["maxItems"]) for s, _ in parts if isinstance(s.get("maxItems"), int)] or [MAX_ITEMS])
+        contains = [(s["contains"], r) for s, r in parts if "contains" in s]
+        if min_items == 0 and not contains:
+            yield []
+        for n in range(max(min_items, 1), min(max_items, min_items + 3) + 1):
+            members = [self._member(self._item_schemas(parts, i), depth + 1) for i in range(n)]
+            if any(m is None for m in members):
+                return
+            lazies = [m for m in members if m is not None]
+            first = [lazy.get(0) for lazy in lazies]
+            if any(v is _END for v in first):
+                return
+            if contains:
+                for value in self._contains_witnesses(parts, contains, depth):
+                    rest = _distinct(lazies[1:], [value])
+                    if rest is not None:
+                        yield [value, *rest]
+                    yield [value, *first[1:]]
+            yield first
+            distinct = _distinct(lazies, [])
+            if distinct is not None:
+                yield distinct
+            for i in range(1, NUM_VALUES):  # the first item varied
+                value = lazies[0].get(i)
+                if value is _END:
+                    break
+                yield [value, *first[1:]]
+
+    def _contains_witnesses(self, parts: list[Part], contains: list[Part], depth: int) -> Iterator[Any]:
+        lazy = self._member(contains + self._item_schemas(parts, 0), depth + 1)
+        for i in range(NUM_VALUES):
+            value = lazy.get(i) if lazy is not None else _END
+            if value is _END:
+                return
+            yield value
+
+    @staticmethod
+    def _item_schemas(parts: list[Part], index: int) -> list[Part]:
+        out: list[Part] = []
+        for schema, resolver in parts:
+            prefix = schema.get("prefixItems")
+            items = schema.get("items")
+            if isinstance(prefix, list):
+                if index < len(prefix):
+                    out.append((prefix[index], resolver))
+                elif "items" in schema:
+                    out.append((items, resolver))
+            elif isinstance(items, list):
+                if index < len(items):
+                    out.append((items[index], resolver))
+                elif "additionalItems" in schema:
+                    out.append((schema["additionalItems"], resolver))
+            elif items is not None:
+                out.append((items, resolver))
+        return out
+
+    def _objects(self, parts: list[Part], depth: int) -> Iterator[dict[str, Any]]:
+        min_props = max([int(s["minProperties"]) for s, _ in parts if isinstance(s.get("minProperties"), int)] or [0])
+        required, parts = self._required(parts, [])
+        order: list[str] = []  # keys in the order properties declare them (the grammar's order)
+        for schema, _ in parts:
+            props = schema.get("properties")
+            for key in props if isinstance(props, dict) else ():
+                if key not in order:
+                    order.append(key)
+        optional = [k for k in [*order, *self._invented_keys(parts)] if k not in required]
+        optional = list(dict.fromkeys(optional))
+        # Key sets: the required keys filled up to minProperties in order, then each optional key
+        # in turn with the required ones (filled from the keys after it), then each added to the
+        # first set.
+        sets = [self._filled(required, optional, min_props)]
+        for i, key in enumerate(optional[:NUM_KEYS]):
+            sets.append(self._filled([*required, key], optional[i + 1 :], min_props))
+        for key in optional[:NUM_KEYS]:
+            if key not in sets[0]:
+                sets.append([*sets[0], key])
+        tried: set[tuple[str, ...]] = set()
+        for keys in sets:
+            keys, with_deps = self._required(parts, keys)
+            if tuple(keys) in tried:
+                continue
+            tried.add(tuple(keys))
+            yield from self._objects_with(with_deps, keys, order, depth)
+
+    @staticmethod
+    def _filled(keys: list[str], more: list[str], count: int) -> list[str]:
+        out = list(dict.fromkeys(keys))
+        for key in more:
+            if len(out) >= count:
+                break
+            if key not in out:
+                out.append(key)
+        return out
+
+    def _required(self, parts: list[Part], keys: list[str]) -> tuple[list[str], list[Part]]:
+        """``keys`` plus the keys the conjunction requires, closed under ``dependentRequired``,
+        ``dependencies`` (both forms) and ``dependentSchemas`` (whose subschemas then join the
+        conjunction)."""
+        out = list(dict.fromkeys(keys))
+        parts = list(parts)
+        joined: set[int] = set()
+        changed = True
+        while changed:
+            changed = False
+            for schema, resolver in list(parts):
+                needed = schema.get("required")
+                for key in needed if isinstance(needed, list) else ():
+                    if isinstance(key, str) and key not in out:
+                        out.append(key)
+                        changed = True
+                for word in ("dependentRequired", "dependencies", "dependentSchemas"):
+                    deps = schema.get(word)
+                    for key, dep in deps.items() if isinstance(deps, dict) else ():
+                        if key not in out:
+                            continue
+                        if isinstance(dep, list):
+                            for extra in dep:
+                                if isinstance(extra, str) and extra not in out:
+                                    out.append(extra)
+                                    changed = True
+                        elif isinstance(dep, dict) and id(dep) not in joined:
+                            joined.add(id(dep))
+                            more = self._flatten_all([(dep, resolver)])
+                            if more is not None:
+                                parts += more
+                                changed = True
+        return out, parts
+
+    def _objects_with(
+        self, parts: list[Part], keys: list[str], order: list[str], depth: int
+    ) -> Iterator[dict[str, Any]]:
+        keys = sorted(keys, key=lambda k: order.index(k) if k in order else len(order))
+        members: list[_Lazy] = []
+        for key in keys:
+            member = self._member(self._member_schemas(parts, key), depth + 1)
+            if member is None:
+                return
+            members.append(member)
+        first = [m.get(0) for m in members]
+        if any(v is _END for v in first):
+            return
+        yield dict(zip(keys, first, strict=True))
+        for j, member in enumerate(members):  # one member varied at a time
+            for i in range(1, NUM_VALUES):
+                value = member.get(i)
+                if value is _END:
+                    break
+                yield dict(zip(keys, [*first[:j], value, *first[j + 1 :]], strict=True))
+
+    def _member_schemas(self, parts: list[Part], key: str) -> list[Part]:
+        out: list[Part] = []
+        for schema, resolver in parts:
+            matched = False
+            props = schema.get("properties")
+            if isinstance(props, dict) and key in props:
+                out.append((props[key], resolver))
+                matched = True
+            patterns = schema.get("patternProperties")
+            if isinstance(patterns, dict):
+                for pattern, sub in patterns.items():
+                    if _search(pattern, key):
+                        out.append((sub, resolver))
+                        matched = True
+            if not matched and "additionalProperties" in schema:
+                out.append((schema["additionalProperties"], resolver))
+        return out
+
+    @staticmethod
+    def _invented_keys(parts: list[Part]) -> list[str]:
+        """Keys no ``properties`` of the conjunction names, from anywhere in its subschemas
+        (``not`` and ``anyOf`` branches included, ``$ref`` targets not): ``required`` and
+        ``properties`` keys, ``dependencies`` keys, ``patternProperties`` and ``propertyNames``
+        patterns, ``const`` and ``enum`` strings under ``propertyNames``; then short letters."""
+        keys: list[str] = []
+        for schema, _ in parts:
+            _key_hints(schema, keys, 0, False)
+        keys += list("abcdefgh")
+        return list(dict.fromkeys(keys))
+
+
+def _string_hints(schema: Any, out: list[str], depth: int) -> None:
+    """Strings from anywhere in ``schema`` (its ``$ref`` targets not): ``const`` and ``enum``
+    strings, one string per ``pattern``."""
+    if depth > 8 or not isinstance(schema, dict):
+        return
+    if isinstance(schema.get("const"), str):
+        out.append(schema["const"])
+    if isinstance(schema.get("enum"), list):
+        out += [v for v in schema["enum"] if isinstance(v, str)]
+    if isinstance(schema.get("pattern"), str):
+        out += pattern_strings(schema["pattern"], 0)[:1]
+    for sub in applicable_subschemas(schema):
+        _string_hints(sub, out, depth + 1)
+
+
+def _key_hints(schema: Any, keys: list[str], depth: int, names: bool) -> None:
+    if depth > 6 or not isinstance(schema, dict):
+        return
+    if names:  # a propertyNames subschema: its strings are keys
+        if isinstance(schema.get("const"), str):
+            keys.append(schema["const"])
+        keys += (
+            [k for k in schema.get("enum", ()) if isinstance(k, str)] if isinstance(schema.get("enum"), list) else []
+        )
+        if isinstance(schema.get("pattern"), str):
+            keys += pattern_strings(schema["pattern"], 0)[:3]
+    for key in schema.get("required", ()) if isinstance(schema.get("required"), list) else ():
+        if isinstance(key, str):
+            keys.append(key)
+    for word in ("properties", "dependencies", "dependentRequired", "dependentSchemas"):
+        value = schema.get(word)
+        if isinstance(value, dict):
+            keys += [k for k in value if isinstance(k, str)]
+    patterns = schema.get("patternProperties")
+    for pattern in patterns if isinstance(patterns, dict) else ():
+        keys += pattern_strings(pattern, 0)[:3]
+    for word in ("not", "if", "then", "else", "propertyNames"):
+        _key_hints(schema.get(word), keys, depth + 1, names or word == "propertyNames")
+    for word in ("anyOf", "oneOf", "allOf"):
+        for branch in schema.get(word, ()) if isinstance(schema.get(word), list) else ():
+            _key_hints(branch, keys, depth + 1, names)
+
+
+def _distinct(lazies: list[_Lazy], taken: list[Any]) -> list[Any] | None:
+    """One value from each of ``lazies`` (its first that differs from the values before it and
+    from ``taken``), or None if one runs out within :data:`NUM_VALUES`."""
+    seen = {json.dumps(v, sort_keys=True) for v in taken}
+    out = []
+    for lazy in lazies:
+        for i in range(NUM_VALUES):
+            value = lazy.get(i)
+            if value is _END:
+                return None
+            key = json.dumps(value, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                out.append(value)
+                break
+        else:
+            return None
+    return out
+
+
+def _search(pattern: str, key: str) -> bool:
+    try:
+        return re.search(pattern, key) is not None
+    except re.error:
+        return False
+
+
+class _End:
+    pass
+
+
+_END: Any = _End()
+
+
+class _Lazy:
+    """A generator's values, kept as they come, read by index (several readers, no re-run)."""
+
+    __slots__ = ("_it", "_values")
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self._it: Iterator[Any] | None = it
+        self._values: list[Any] = []
+
+    def get(self, i: int) -> Any:
+        while len(self._values) <= i and self._it is not None:
+            it, self._it = self._it, None  # no re-entry while it runs (a recursive schema)
+            try:
+                self._values.append(next(it))
+            except StopIteration:
+                return _END
+            self._it = it
+        return self._values[i] if i < len(self._values) else _END
+
+
+# -- strings a regular expression matches ----------------------------------------------------------
+
+_CATEGORY_CHARS = {
+    sre_c.CATEGORY_DIGIT: "0123456789",
+    sre_c.CATEGORY_WORD: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_",
+    sre_c.CATEGORY_SPACE: " ",
+    sre_c.CATEGORY_NOT_DIGIT: "abcdefgh",
+    sre_c.CATEGORY_NOT_WORD: " -.",
+    sre_c.CATEGORY_NOT_SPACE: "abcdefgh",
+}
+_PRINTABLE = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_-. "
+
+
+def pattern_strings(pattern: str, min_length: int) -> list[str]:
+    """A few strings that ``pattern`` (searched, as JSON Schema does) matches: the shortest the
+    parse suggests, then others (other branches, other characters, longer repeats), each padded
+    to ``min_length`` where a repeat allows. Checked with ``re``; [] if none could be made."""
+    try:
+        parsed = sre_parse.parse(pattern)
+        compiled = re.compile(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return []
+    out: list[str] = []
+    for variant in range(NUM_STRINGS):
+        for extra in (0, max(0, min_length)):
+            try:
+                text = _generate(parsed, variant, extra, {})
+            except (_NoString, RecursionError):
+                continue
+            if compiled.search(text) and text not in out:
+                out.append(text)
+    return out
+
+
+class _NoString(Exception):
+    pass
+
+
+def _generate(tokens: Any, variant: int, extra: int, groups: dict[int, str]) -> str:
+    out: list[str] = []
+    for op, arg in tokens:
+        if op is sre_c.LITERAL:
+            out.append(chr(arg))
+        elif op is sre_c.NOT_LITERAL:
+            out.append(next(c for c in _PRINTABLE if ord(c) != arg))
+        elif op is sre_c.ANY:
+            out.append(_PRINTABLE[variant % len(_PRINTABLE)])
+        elif op is sre_c.IN:
+            out.append(_pick_in(arg, variant))
+        elif op is sre_c.BRANCH:
+            branches = arg[1]
+            out.append(_generate(branches[variant % len(branches)], variant // len(branches), extra, groups))
+        elif op is sre_c.SUBPATTERN:
+            group, sub = arg[0], arg[-1]
+            text = _generate(sub, variant, extra, groups)
+            if group is not None:
+                groups[group] = text
+            out.append(text)
+        elif op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT, getattr(sre_c, "POSSESSIVE_REPEAT", None)):
+            low, high, sub = arg
+            count = low + (variant % 3 if high > low else 0) + (extra if high == sre_c.MAXREPEAT else 0)
+            count = min(count, high if high != sre_c.MAXREPEAT else count)
+            out += [_generate(sub, variant, 0, groups) for _ in range(count)]
+        elif op is sre_c.GROUPREF:
+            out.append(groups.get(arg, ""))
+        elif op in (sre_c.AT, sre_c.ASSERT, sre_c.ASSERT_NOT):
+            continue  # anchors; lookarounds are left to the check with re
+        else:
+            raise _NoString
+    return "".join(out)
+
+
+def _pick_in(items: Any, variant: int) -> str:
+    allowed: list[str] = []
+    negate = False
+    for op, arg in items:
+        if op is sre_c.NEGATE:
+            negate = True
+        elif op is sre_c.LITERAL:
+            allowed.append(chr(arg))
+        elif op is sre_c.RANGE:
+            low, high = arg
+            allowed += [chr(c) for c in range(low, min(high, low + 25) + 1)]
+        elif op is sre_c.CATEGORY:
+            allowed += list(_CATEGORY_CHARS.get(arg, ""))
+    if negate:
+        allowed = [c for c in _PRINTABLE if c not in allowed]
+    if not allowed:
+        raise _NoString
+    return allowed[variant % len(allowed)]
