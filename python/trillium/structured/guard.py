@@ -83,6 +83,7 @@ class OutputGuard:
         self._logprobs: dict[int, Any] = {}  # output position -> its logprobs entry, while held
         self.num_rejected = 0  # tokens rolled back by failed checks
         self.num_witness_values = 0  # values written as witnesses after failing too often
+        self.num_deferred_closings = 0  # steps the closing waited for the next step's search time
 
     def feed(self, token_id: int, *, end: bool = False) -> CheckFailure | None:
         """Check the output after one more token; ``end``: it ends the output (EOS, a stop token),

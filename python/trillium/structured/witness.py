@@ -51,7 +51,7 @@ Part = tuple[Any, Resolver]  # one subschema of a conjunction, with the resolver
 MAX_DEPTH = 24  # nesting levels of a proposed value
 MAX_ITEMS = 8  # items beyond minItems never proposed past this
 NUM_KEYS = 6  # optional keys tried one at a time
-NUM_VALUES = 6  # candidates of one member tried while the others stay at their first
+NUM_VALUES = 12  # candidates of one member tried while the others stay at their first
 NUM_NUMBERS = 48  # numbers proposed per conjunction
 NUM_STRINGS = 8  # strings generated per pattern
 NUM_HINTS = 12  # strings from anywhere in the schema tried where a string may go
@@ -113,6 +113,7 @@ class WitnessFinder:
         self._validators: dict[int, Any] = {}
         self._found: dict[tuple[tuple[int, ...], int], _Lazy] = {}
         self._string_hints: list[str] = []
+        self._number_hints: list[float] = []
 
     def witnesses(self, schemas: list[Part]) -> Iterator[Any]:
         """Values valid for every one of ``schemas`` (a conjunction), smallest proposals first;
@@ -124,6 +125,10 @@ class WitnessFinder:
         for schema, _ in parts:
             _string_hints(schema, hints, 0)
         self._string_hints = list(dict.fromkeys(hints))[:NUM_HINTS]
+        numbers: list[float] = []
+        for schema, _ in parts:
+            _number_hints(schema, numbers, 0)
+        self._number_hints = list(dict.fromkeys(numbers))[:NUM_HINTS]
         lazy = self._lazy(parts, 0)
         i = 0
         while (value := lazy.get(i)) is not _END:
@@ -251,25 +256,33 @@ class WitnessFinder:
         if "number" in order and "integer" in order:
             order.remove("number")  # integers first; non-integral numbers from the number proposals
             order.insert(order.index("integer") + 1, "number")
-        for kind in order:
-            if kind == "null":
-                yield None
-            elif kind == "boolean":
-                yield False
-                yield True
-            elif kind == "integer":
-                yield from self._numbers(parts, integral=True)
-            elif kind == "number":
-                yield from self._numbers(parts, integral=False)
-            elif kind == "string":
-                yield from self._strings(parts)
-            elif kind == "array":
-                yield from self._arrays(parts, depth)
-            else:
-                yield from self._objects(parts, depth)
+        # Round robin over the types (hinted ones first): a value of no declared type whose
+        # checks want a number is found among the first few proposals, not after every string.
+        generators = [self._of_type(kind, parts, depth) for kind in order]
+        while generators:
+            for gen in list(generators):
+                value = next(gen, _END)
+                if value is _END:
+                    generators.remove(gen)
+                else:
+                    yield value
 
-    @staticmethod
-    def _numbers(parts: list[Part], integral: bool) -> Iterator[Any]:
+    def _of_type(self, kind: str, parts: list[Part], depth: int) -> Iterator[Any]:
+        if kind == "null":
+            yield None
+        elif kind == "boolean":
+            yield False
+            yield True
+        elif kind in ("integer", "number"):
+            yield from self._numbers(parts, integral=kind == "integer")
+        elif kind == "string":
+            yield from self._strings(parts)
+        elif kind == "array":
+            yield from self._arrays(parts, depth)
+        else:
+            yield from self._objects(parts, depth)
+
+    def _numbers(self, parts: list[Part], integral: bool) -> Iterator[Any]:
         low, high = -math.inf, math.inf
         steps: list[float] = []
         for schema, _ in parts:
@@ -316,6 +329,9 @@ class WitnessFinder:
             if integral and not isinstance(value, int):
                 continue
             yield value
+        for value in self._number_hints:  # the document's own numbers (a bound inside a branch)
+            if low <= value <= high and (not integral or float(value).is_integer()):
+                yield int(value) if float(value).is_integer() else value
         if not integral:
             for value in (0.5, -0.5, 1.5):
                 if low <= value <= high:
@@ -413,6 +429,8 @@ class WitnessFinder:
         for key in optional[:NUM_KEYS]:
             if key not in sets[0]:
                 sets.append([*sets[0], key])
+        for i, key in enumerate(optional[:NUM_KEYS]):  # two optional keys together
+            sets += [self._filled([*required, key, other], [], 0) for other in optional[i + 1 : NUM_KEYS]]
         tried: set[tuple[str, ...]] = set()
         for keys in sets:
             keys, with_deps = self._required(parts, keys)
@@ -530,6 +548,28 @@ def _string_hints(schema: Any, out: list[str], depth: int) -> None:
         out += pattern_strings(schema["pattern"], 0)[:1]
     for sub in applicable_subschemas(schema):
         _string_hints(sub, out, depth + 1)
+
+
+def _number_hints(schema: Any, out: list[float], depth: int) -> None:
+    """Numbers from anywhere in ``schema`` (its ``$ref`` targets not): bounds (and one past the
+    exclusive ones), ``multipleOf`` steps, numeric ``const`` and ``enum`` values."""
+    if depth > 8 or not isinstance(schema, dict):
+        return
+    for word, shift in (("minimum", 0), ("maximum", 0), ("exclusiveMinimum", 1), ("exclusiveMaximum", -1)):
+        value = schema.get(word)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append(value + shift)
+    step = schema.get("multipleOf")
+    if isinstance(step, (int, float)) and not isinstance(step, bool):
+        out.append(step)
+    values = [schema["const"]] if "const" in schema else schema.get("enum", [])
+    out += (
+        [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if isinstance(values, list)
+        else []
+    )
+    for sub in applicable_subschemas(schema):
+        _number_hints(sub, out, depth + 1)
 
 
 def _key_hints(schema: Any, keys: list[str], depth: int, names: bool) -> None:
