@@ -3,6 +3,7 @@
     python bench/structured.py coverage [--per-subset N] [--engine llguidance|outlines-core]
     python bench/structured.py e2e [--count 200] [--max-tokens 256]
     python bench/structured.py steps [--batch 32] [--max-tokens 64]
+    python bench/structured.py witness [--subsets Handwritten] [--max-checks 3000]
 
 ``coverage``: for each schema, the grammar compile time; whether every ``valid`` instance is
 accepted and every ``invalid`` one rejected when fed token by token (compact JSON, our
@@ -16,7 +17,10 @@ each of its compiles runs in a forked child that is killed after ``--compile-tim
 sample of those llguidance compiles and whose prompt fits) and reports the share of outputs
 that validate with ``jsonschema``; an output cut by ``max_tokens`` counts as invalid. ``steps``: the mean step time at one batch size with no constraint, a JSON Schema
 constraint, and the same schema with keywords enforced by value checks (jump-forward and
-closing off, so the runs take the same steps unless a check takes tokens back).
+closing off, so the runs take the same steps unless a check takes tokens back). ``witness``:
+for each schema, whether ``structured.witness`` finds a value it accepts within ``--max-checks``
+validations (each found one validated again with ``jsonschema``), and the checks and time
+that took; one JSON line per subset and a summary. No model.
 """
 
 from __future__ import annotations
@@ -468,6 +472,67 @@ def cmd_steps(args, llm) -> None:
     )
 
 
+def cmd_witness(args) -> None:
+    """The share of schemas whose witness search finds a valid value, per subset."""
+    from trillium.structured.schema_relax import SchemaDocument
+    from trillium.structured.witness import Spent, WitnessFinder
+
+    totals = {"schemas": 0, "found": 0, "spent": 0, "failed": 0}
+    for subset in args.subsets:
+        found, spent, failed, checks, seconds, missing = 0, 0, 0, [], [], []
+        cases = load_cases(args.per_subset, (subset,))
+        for _, name, case in cases:
+            schema = case.get("schema", case)
+            try:
+                doc = SchemaDocument(schema)
+            except Exception:
+                failed += 1
+                continue
+            count = [0]
+            start = time.perf_counter()
+
+            def budget_spent(count=count, start=start) -> bool:
+                count[0] += 1
+                return count[0] > args.max_checks or time.perf_counter() - start > args.max_seconds
+
+            finder = WitnessFinder(doc.validator, doc.specification, doc.legacy_ref, budget_spent)
+            try:
+                value = next(iter(finder.witnesses([(schema, doc.resolver)])), missing)  # (null is a value)
+            except Spent:
+                spent += 1
+                missing.append(name)
+                continue
+            except Exception:
+                failed += 1
+                missing.append(name)
+                continue
+            if value is missing or not doc.validator.is_valid(value):
+                missing.append(name)
+                continue
+            found += 1
+            checks.append(count[0])
+            seconds.append(time.perf_counter() - start)
+        line = {
+            "subset": subset,
+            "schemas": len(cases),
+            "found": found,
+            "found_pct": round(100 * found / max(len(cases), 1), 1),
+            "spent": spent,
+            "failed": failed,
+            "checks_p50": pct(checks, 50),
+            "checks_p90": pct(checks, 90),
+            "ms_p50": round(1000 * (pct(seconds, 50) or 0), 2),
+            "ms_p90": round(1000 * (pct(seconds, 90) or 0), 2),
+        }
+        if args.show_missing:
+            line["missing"] = missing
+        print(json.dumps(line), flush=True)
+        for key in totals:
+            totals[key] += line.get(key, 0)
+    totals["found_pct"] = round(100 * totals["found"] / max(totals["schemas"], 1), 1)
+    print(json.dumps({"subset": "all", **totals}), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -490,6 +555,12 @@ def main() -> None:
         default=1.0,
         help="greedy decoding of a small model loops inside strings and arrays; 1.1 breaks most loops",
     )
+    wit = sub.add_parser("witness")
+    wit.add_argument("--subsets", nargs="+", default=["Synthesized", "Handwritten"])
+    wit.add_argument("--per-subset", type=int, default=None, help="schemas per subset (default: all)")
+    wit.add_argument("--max-checks", type=int, default=3000, help="validations per search (the server's bound)")
+    wit.add_argument("--max-seconds", type=float, default=2.0)
+    wit.add_argument("--show-missing", action="store_true", help="name the schemas with no witness found")
     steps = sub.add_parser("steps")
     steps.add_argument("--batch", type=int, default=32)
     steps.add_argument("--max-tokens", type=int, default=64)
@@ -498,6 +569,9 @@ def main() -> None:
         s.add_argument("--dtype", default="auto")
     args = p.parse_args()
 
+    if args.cmd == "witness":
+        cmd_witness(args)
+        return
     if args.cmd == "coverage":
         from trillium.models import default_model_path
         from trillium.tokenizer import load_tokenizer

@@ -38,6 +38,14 @@ def test_coverage_reports_each_subset_and_a_summary():
         assert key in summary
 
 
+@pytest.mark.skipif(not os.path.isdir(DATA), reason="JSONSchemaBench data not present")
+def test_witness_reports_each_subset_and_a_summary():
+    lines = run("witness", "--per-subset", "4", "--subsets", "Synthesized", "Handwritten")
+    assert [line["subset"] for line in lines] == ["Synthesized", "Handwritten", "all"]
+    assert lines[-1]["schemas"] == 8 and 0 <= lines[-1]["found"] <= 8
+    assert all("checks_p50" in line and "found_pct" in line for line in lines[:-1])
+
+
 def test_steps_compares_free_and_constrained_runs():
     (line,) = run("steps", "--batch", "2", "--max-tokens", "4", "--repeats", "1")
     assert line["free"]["tokens"] == line["json_schema"]["tokens"] == 8  # ignore_eos: same work in both

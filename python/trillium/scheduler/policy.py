@@ -727,35 +727,47 @@ class SchedulerPolicy:
             popped.append(output.pop())
             room += 1
         # Then from the start of each value still open, innermost first: the one whose checks
-        # the text so far rules out is written again, as a witness of its subschemas
-        # (structured.witness) or by the (checked) closer.
+        # the text so far rules out is written again -- first as a witness of its subschemas
+        # (structured.witness; only values with checks have known subschemas), then, over every
+        # open value, by the (checked) closer.
         budget = SearchBudget(CLOSE_CHECK_BUDGET // 2, max(0.0, self._search_deadline - time.perf_counter()))
         guard.replay(output)
         values = guard.checker.open_values
-        for depth in range(len(values) - 1, -1, -1):
-            start, node = values[depth]
-            if budget.spent:
-                break
-            cut = max(guard.token_at(start), guard.num_released)
-            if cut >= len(output) or not matcher.rollback(len(output) - cut):
-                continue
-            cut_offset = guard.ends[cut - 1] if cut else 0
-            head = guard.text(output[cut:])[: max(start - cut_offset, 0)]
-            popped.extend(reversed(output[cut:]))
-            room += len(output) - cut
-            del output[cut:]
-            guard.replay(output)
-            if node is not None and start >= cut_offset:  # the value's start was not delivered
-                # The outermost value gets more tries: written again, it ends the output.
-                tries = MAX_WITNESSES if depth == 0 else MAX_WITNESSES // 4
-                found = SearchBudget(WITNESS_CHECK_BUDGET, max(0.0, self._search_deadline - time.perf_counter()))
-                c = matcher.witness_closing(node, head, room, found, lambda c: guard.accepts(output + c), tries)
-                if c is not None:
-                    self.num_witness_closings += 1
-                    return c, max(kept - len(popped), 0)
-            c = matcher.closing(checked=True, room=room, budget=budget)
-            if c is not None and len(c) <= room and guard.accepts(output + c):
-                return c, max(kept - len(popped), 0)
+        mark = len(popped)
+        for witnesses in (True, False):
+            for depth in range(len(values) - 1, -1, -1):
+                start, node = values[depth]
+                if budget.spent:
+                    break
+                if witnesses and node is None:
+                    continue
+                cut = max(guard.token_at(start), guard.num_released)
+                if cut >= len(output) or not matcher.rollback(len(output) - cut):
+                    continue
+                cut_offset = guard.ends[cut - 1] if cut else 0
+                head = guard.text(output[cut:])[: max(start - cut_offset, 0)]
+                popped.extend(reversed(output[cut:]))
+                room += len(output) - cut
+                del output[cut:]
+                guard.replay(output)
+                if witnesses and node is not None and start >= cut_offset:  # its start was not delivered
+                    # The outermost value gets more tries: written again, it ends the output.
+                    tries = MAX_WITNESSES if depth == 0 else MAX_WITNESSES // 4
+                    found = SearchBudget(WITNESS_CHECK_BUDGET, max(0.0, self._search_deadline - time.perf_counter()))
+                    c = matcher.witness_closing(node, head, room, found, lambda c: guard.accepts(output + c), tries)
+                    if c is not None:
+                        self.num_witness_closings += 1
+                        return c, max(kept - len(popped), 0)
+                elif not witnesses:
+                    c = matcher.closing(checked=True, room=room, budget=budget)
+                    if c is not None and len(c) <= room and guard.accepts(output + c):
+                        return c, max(kept - len(popped), 0)
+            if witnesses:  # back to where the output stood before the witnesses were tried
+                self._put_back(request, popped[mark:])
+                room -= len(popped) - mark
+                del popped[mark:]
+                guard.replay(output)
+                budget = SearchBudget(CLOSE_CHECK_BUDGET // 2, max(0.0, self._search_deadline - time.perf_counter()))
         # None passes: back to where the output stood, for the usual closing (it parses; the
         # checks it fails are what the model and the closer could not satisfy in the room left).
         self._put_back(request, popped)

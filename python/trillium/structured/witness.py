@@ -30,6 +30,7 @@ caller's budget (each validation counts as a check in ``value_checks.checks_run`
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
@@ -667,6 +668,7 @@ _CATEGORY_CHARS = {
 _PRINTABLE = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_-. "
 
 
+@functools.lru_cache(maxsize=4096)
 def pattern_strings(pattern: str, min_length: int) -> list[str]:
     """A few strings that ``pattern`` (searched, as JSON Schema does) matches: the shortest the
     parse suggests, then others (other branches, other characters, longer repeats), each padded
