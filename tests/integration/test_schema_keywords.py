@@ -173,7 +173,8 @@ def test_keywords_beyond_the_grammar_hold_at_temperature_1(http):
 @pytest.mark.skipif(not os.path.isdir(DATA), reason="no JSONSchemaBench data (../shared/data)")
 def test_jsonschemabench_feature_probes_validate(http):
     """Synthesized probes are rewritten exactly (enum narrowing, double negation); Handwritten
-    ones mostly need checks. Accepted ones must validate."""
+    ones mostly need checks, and closings that write a witness of the schema where the model's
+    text cannot be closed validly. Accepted ones must validate."""
     cases = probes("Synthesized", 4) + probes("Handwritten", 6)
     accepted = []
     for name, schema in cases:
@@ -188,4 +189,5 @@ def test_jsonschemabench_feature_probes_validate(http):
         if r.status_code == 200 or r.json()["error"]["param"] == "max_tokens":
             accepted.append((name, schema))
     assert len(accepted) >= 8, accepted
-    check(generate(http, accepted), min_valid=0.45, every_answer=False)  # measured: 20 of 40
+    # Measured: 20 of 40 before witnesses (structured.witness), 28 of 40 with them.
+    check(generate(http, accepted), min_valid=0.6, every_answer=False)

@@ -345,6 +345,8 @@ class WitnessFinder:
             if isinstance(fmt, str) and fmt in _FORMATS:
                 yield _FORMATS[fmt]
         patterns = [s["pattern"] for s, _ in parts if isinstance(s.get("pattern"), str)]
+        if len(patterns) > 1:  # several at once (an anyOf branch's "^a" with another's "x$")
+            yield from _composed(patterns, min_length)
         for pattern in patterns:
             yield from pattern_strings(pattern, min_length)
         yield "a" * min_length
@@ -688,6 +690,26 @@ def pattern_strings(pattern: str, min_length: int) -> list[str]:
             if compiled.search(text) and text not in out:
                 out.append(text)
     return out
+
+
+def _composed(patterns: list[str], min_length: int) -> Iterator[str]:
+    """Strings for several patterns at once: what the ``^``-anchored ones match first, then the
+    unanchored ones, then the ``$``-anchored ones, padded in the middle to ``min_length`` with
+    characters the parts themselves use."""
+    heads, middles, tails = [], [], []
+    for pattern in patterns:
+        found = pattern_strings(pattern, 0)
+        if not found:
+            return
+        starts, ends = pattern.startswith("^"), pattern.endswith("$") and not pattern.endswith("\\$")
+        if starts and ends:
+            return  # a whole-string pattern: composing cannot help
+        (heads if starts else tails if ends else middles).append(found[0])
+    head, middle, tail = "".join(heads), "".join(middles), "".join(tails)
+    short = max(0, min_length - len(head) - len(middle) - len(tail))
+    fillers = dict.fromkeys(c for c in (middle[-1:], head[-1:], tail[:1], "0", "a") if c)
+    for filler in fillers:
+        yield head + middle + filler * short + tail
 
 
 class _NoString(Exception):
