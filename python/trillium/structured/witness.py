@@ -696,7 +696,9 @@ def _composed(patterns: list[str], min_length: int) -> Iterator[str]:
     """Strings for several patterns at once: what the ``^``-anchored ones match first, then the
     unanchored ones, then the ``$``-anchored ones, padded in the middle to ``min_length`` with
     characters the parts themselves use."""
-    heads, middles, tails = [], [], []
+    heads: list[str] = []
+    middles: list[str] = []
+    tails: list[str] = []
     for pattern in patterns:
         found = pattern_strings(pattern, 0)
         if not found:
