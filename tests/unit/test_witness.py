@@ -1,5 +1,6 @@
 """Witnesses of JSON Schemas (``structured.witness``): values found by proposing and validating,
-and the closings that write an open value again as one.
+the strings generated for patterns (``structured.regex_strings``), and the closings that write
+an open value again as one.
 
 The schemas are feature probes in the style of JSONSchemaBench's Handwritten subset: each rules
 out the values a closer writing character by character would try first."""
@@ -15,8 +16,9 @@ import pytest
 
 from trillium.protocol import StructuredOutputs
 from trillium.structured.closer import SearchBudget
+from trillium.structured.regex_strings import pattern_strings
 from trillium.structured.schema_relax import SchemaDocument
-from trillium.structured.witness import Spent, WitnessFinder, pattern_strings
+from trillium.structured.witness import Spent, WitnessFinder
 
 PROBES = {
     # a multiple of 3 that is no multiple of 5, 7 or 8 (3, not the 0 that comes first)
