@@ -72,7 +72,7 @@ def composed_strings(patterns: list[str], min_length: int) -> Iterator[str]:
         (heads if starts else tails if ends else middles).append(found[0])
     head, middle, tail = "".join(heads), "".join(middles), "".join(tails)
     short = max(0, min_length - len(head) - len(middle) - len(tail))
-    fillers = dict.fromkeys(c for c in (middle[-1:], head[-1:], tail[:1], "0", "a") if c)
+    fillers = dict.fromkeys(c for c in (middle[-1:], head[-1:], tail[:1], "0", "a", "1", "z") if c)
     for filler in fillers:
         yield head + middle + filler * short + tail
 

@@ -525,11 +525,19 @@ class WitnessFinder:
         (``not`` and ``anyOf`` branches included, ``$ref`` targets not): ``required`` and
         ``properties`` keys, ``dependencies`` keys, ``patternProperties`` and ``propertyNames``
         patterns, ``const`` and ``enum`` strings under ``propertyNames``; then short letters."""
-        keys: list[str] = []
+        hinted: list[str] = []
+        patterns: list[str] = []
         for schema, _ in parts:
-            _key_hints(schema, keys, 0, False)
-        keys += list("abcdefgh")
-        return list(dict.fromkeys(keys))
+            _key_hints(schema, hinted, 0, False, patterns)
+        # First, keys that match several of the patterns at once (``patternProperties`` under
+        # ``allOf``), some long enough to miss a short-key pattern whose value is ``false``.
+        keys: list[str] = []
+        patterns = list(dict.fromkeys(patterns))[:NUM_KEYS]
+        for i, first in enumerate(patterns):
+            for second in patterns[i + 1 :]:
+                for length in (0, 4):
+                    keys += list(composed_strings([first, second], length))
+        return list(dict.fromkeys([*keys, *hinted, *"abcdefgh"]))
 
 
 def _string_hints(schema: Any, out: list[str], depth: int) -> None:
@@ -569,7 +577,9 @@ def _number_hints(schema: Any, out: list[float], depth: int) -> None:
         _number_hints(sub, out, depth + 1)
 
 
-def _key_hints(schema: Any, keys: list[str], depth: int, names: bool) -> None:
+def _key_hints(schema: Any, keys: list[str], depth: int, names: bool, out_patterns: list[str]) -> None:
+    """Appends the keys ``schema`` suggests to ``keys`` and the key patterns it names to
+    ``out_patterns``; ``names``: ``schema`` is (under) a ``propertyNames``."""
     if depth > 6 or not isinstance(schema, dict):
         return
     if names:  # a propertyNames subschema: its strings are keys
@@ -580,6 +590,7 @@ def _key_hints(schema: Any, keys: list[str], depth: int, names: bool) -> None:
         )
         if isinstance(schema.get("pattern"), str):
             keys += pattern_strings(schema["pattern"], 0)[:3]
+            out_patterns.append(schema["pattern"])
     for key in schema.get("required", ()) if isinstance(schema.get("required"), list) else ():
         if isinstance(key, str):
             keys.append(key)
@@ -587,14 +598,15 @@ def _key_hints(schema: Any, keys: list[str], depth: int, names: bool) -> None:
         value = schema.get(word)
         if isinstance(value, dict):
             keys += [k for k in value if isinstance(k, str)]
-    patterns = schema.get("patternProperties")
-    for pattern in patterns if isinstance(patterns, dict) else ():
+    by_pattern = schema.get("patternProperties")
+    for pattern in by_pattern if isinstance(by_pattern, dict) else ():
         keys += pattern_strings(pattern, 0)[:3]
+        out_patterns.append(pattern)
     for word in ("not", "if", "then", "else", "propertyNames"):
-        _key_hints(schema.get(word), keys, depth + 1, names or word == "propertyNames")
+        _key_hints(schema.get(word), keys, depth + 1, names or word == "propertyNames", out_patterns)
     for word in ("anyOf", "oneOf", "allOf"):
         for branch in schema.get(word, ()) if isinstance(schema.get(word), list) else ():
-            _key_hints(branch, keys, depth + 1, names)
+            _key_hints(branch, keys, depth + 1, names, out_patterns)
 
 
 def _distinct(lazies: list[_Lazy], taken: list[Any]) -> list[Any] | None:
