@@ -106,7 +106,7 @@ def test_held_back_from_an_open_item_and_copies_are_independent():
     assert (
         c.num_bytes == 0
         and c.feed(prefix.encode()) is None
-        and c.open_starts
+        and [start for start, _ in c.open_values]
         == [
             len("Ok.<tool_call>\n"),
             len('Ok.<tool_call>\n{"name":"tag","arguments":'),

@@ -472,8 +472,8 @@ class SchedulerPolicy:
         if cut < guard.num_released or guard.num_witness_values >= MAX_WITNESS_VALUES or matcher.closer is None:
             return False
         taken = output[cut:]
-        head = guard.text(taken)[: start - (guard.ends[cut - 1] if cut else 0)]
-        if not matcher.rollback(len(taken)):
+        head = guard.head(output, cut, start)
+        if head is None or not matcher.rollback(len(taken)):
             return False
         del output[cut:]
         guard.replay(output)
@@ -744,13 +744,12 @@ class SchedulerPolicy:
                 cut = max(guard.token_at(start), guard.num_released)
                 if cut >= len(output) or not matcher.rollback(len(output) - cut):
                     continue
-                cut_offset = guard.ends[cut - 1] if cut else 0
-                head = guard.text(output[cut:])[: max(start - cut_offset, 0)]
+                head = guard.head(output, cut, start)
                 popped.extend(reversed(output[cut:]))
                 room += len(output) - cut
                 del output[cut:]
                 guard.replay(output)
-                if witnesses and node is not None and start >= cut_offset:  # its start was not delivered
+                if witnesses and node is not None and head is not None:  # its start was not delivered
                     # The outermost value gets more tries: written again, it ends the output.
                     tries = MAX_WITNESSES if depth == 0 else MAX_WITNESSES // 4
                     found = SearchBudget(WITNESS_CHECK_BUDGET, max(0.0, self._search_deadline - time.perf_counter()))

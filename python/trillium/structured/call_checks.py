@@ -104,12 +104,6 @@ class CallsChecker:
         return len(self._buf)
 
     @property
-    def open_starts(self) -> list[int]:
-        if self._call is None:
-            return []
-        return [self._call_start + start for start in self._call.open_starts]
-
-    @property
     def open_values(self) -> list[tuple[int, CheckNode | None]]:
         if self._call is None:
             return []

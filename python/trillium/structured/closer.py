@@ -86,9 +86,6 @@ class Closer:
     def token_bytes(self, token_id: int) -> bytes:
         return self._ll_tokenizer.decode_bytes([token_id])
 
-    def tokenize(self, text: bytes) -> list[int]:
-        return self._ll_tokenizer.tokenize_bytes(text)
-
     def _single_tokens(self, chars: str) -> list[int]:
         out = []
         for ch in chars:
@@ -152,13 +149,13 @@ class Closer:
 
     def closing_after(
         self, matcher: llguidance.LLMatcher, text: bytes, limit: int = MAX_CHARS, in_string: bool = False
-    ) -> list[int] | None:
-        """``text`` (tokenized) followed by the usual closing from after it: the tokens that take
+    ) -> tuple[list[int], list[int]] | None:
+        """``text`` tokenized, and the usual closing from after it: the tokens that take
         ``matcher`` (not modified) to a complete output by way of ``text`` -- a witness of an
-        open value's subschemas, written from that value's start (``structured.witness``) -- or
-        None if the grammar refuses ``text`` or no closing follows it within ``limit``
-        characters. ``in_string``: where ``matcher`` stands, as for :meth:`closing`."""
-        tokens = self.tokenize(text)
+        open value's subschemas, written from that value's start (``structured.witness``) -- in
+        two parts, or None if the grammar refuses ``text`` or no closing follows it within
+        ``limit`` characters. ``in_string``: where ``matcher`` stands, as for :meth:`closing`."""
+        tokens = self._ll_tokenizer.tokenize_bytes(text)
         if matcher.is_error() or matcher.validate_tokens(tokens) != len(tokens):
             return None
         m = matcher.deep_copy()
@@ -166,7 +163,7 @@ class Closer:
             return None
         after = string_state((in_string, False), text)[0]
         rest = self.closing(m, max(limit - len(text), 0), in_string=after)
-        return None if rest is None else tokens + rest
+        return None if rest is None else (tokens, rest)
 
     def _merged(self, matcher: llguidance.LLMatcher, chars: list[int]) -> list[int]:
         """``chars`` re-tokenized when that is shorter and the grammar accepts it (BPE merges

@@ -111,7 +111,7 @@ class OutputGuard:
         """The first check the whole output ``output_token_ids`` (a closed one) fails; None if
         it passes every check."""
         checker = self._new_checker()
-        data = b"".join(self._token_bytes(t) for t in output_token_ids)
+        data = self.text(output_token_ids)
         return checker.feed(data) or checker.finish()
 
     def ban(self, position: int, token_id: int, also: list[int] | tuple[int, ...] = ()) -> None:
@@ -147,7 +147,7 @@ class OutputGuard:
             return []
         *before, last = output_token_ids
         checker = self._new_checker()
-        checker.feed(b"".join(self._token_bytes(t) for t in before))
+        checker.feed(self.text(before))
         data = self._token_bytes(last)
         for j in range(len(data)):
             if checker.feed(data[j : j + 1]) is not None:
@@ -157,6 +157,13 @@ class OutputGuard:
     def text(self, token_ids: list[int]) -> bytes:
         """The bytes of ``token_ids``."""
         return b"".join(self._token_bytes(t) for t in token_ids)
+
+    def head(self, output_token_ids: list[int], cut: int, start: int) -> bytes | None:
+        """The bytes of the output from its token ``cut`` on up to byte ``start`` (where a value
+        begins that is to be written again after them), or None if ``start`` lies before that
+        token. The checker must stand where ``output_token_ids`` ends (``ends``)."""
+        begin = self.ends[cut - 1] if cut else 0
+        return self.text(output_token_ids[cut:])[: start - begin] if start >= begin else None
 
     def token_at(self, byte_offset: int) -> int:
         """Index of the output token holding byte ``byte_offset``."""

@@ -127,18 +127,19 @@ class GrammarMatcher:
         if self.closer is None:
             return None
         checker = self.guard.checker_copy() if checked and self.guard is not None else None
-        in_string = self._strings[-1][0] if self._strings else False
-        limit = MAX_CHARS if room is None else 4 * room + 16
-        return self.closer.closing(self._m, limit, variant, checker, in_string, budget)
+        return self.closer.closing(self._m, _limit(room), variant, checker, self._in_string, budget)
 
-    def closing_after(self, text: bytes, room: int | None = None) -> list[int] | None:
-        """``text`` and then the usual closing, as tokens the grammar accepts from here
-        (``Closer.closing_after``), or None. Consumes nothing."""
+    def closing_after(self, text: bytes, room: int | None = None) -> tuple[list[int], list[int]] | None:
+        """The tokens of ``text`` and then of the usual closing, as the grammar accepts them from
+        here (``Closer.closing_after``), or None. Consumes nothing."""
         if self.closer is None:
             return None
-        in_string = self._strings[-1][0] if self._strings else False
-        limit = MAX_CHARS if room is None else 4 * room + 16
-        return self.closer.closing_after(self._m, text, limit, in_string)
+        return self.closer.closing_after(self._m, text, _limit(room), self._in_string)
+
+    @property
+    def _in_string(self) -> bool:
+        """The output so far ends inside a JSON string."""
+        return self._strings[-1][0] if self._strings else False
 
     def witness_closing(
         self,
@@ -165,12 +166,10 @@ class GrammarMatcher:
                 if i == tries:
                     break
                 text = head + json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-                closing = self.closing_after(text, room)
-                if closing is None or len(closing) > room:
+                parts = self.closing_after(text, room)
+                if parts is None or len(parts[0]) + len(parts[1]) > room:
                     continue
-                if not close:
-                    assert self.closer is not None  # (closing_after found one)
-                    closing = closing[: len(self.closer.tokenize(text))]
+                closing = parts[0] + parts[1] if close else parts[0]
                 if accepts(closing):
                     return closing
         except Spent:
@@ -208,3 +207,9 @@ class GrammarMatcher:
     def ll_matcher(self) -> llguidance.LLMatcher:
         """The llguidance matcher, for the bitmask filler."""
         return self._m
+
+
+def _limit(room: int | None) -> int:
+    """The characters a closing may take within ``room`` tokens (at most 4 a token: a longer one
+    could not fit)."""
+    return MAX_CHARS if room is None else 4 * room + 16

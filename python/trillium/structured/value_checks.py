@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,21 +123,85 @@ class CheckContext:
     def _flatten(
         self, schema: Any, resolver: Resolver, parts: list[tuple[dict[str, Any], Resolver]], seen: set[int]
     ) -> None:
-        """Appends the conjuncts of ``schema`` (itself, its ``allOf`` branches, its ``$ref``
-        target) with the resolver each is read with."""
-        if not isinstance(schema, dict) or id(schema) in seen or id(schema) in self.exact:
-            return
-        seen.add(id(schema))
-        resolver = resolver.in_subresource(self.specification.create_resource(schema))
-        ref = schema.get("$ref")
-        if isinstance(ref, str):
-            target = resolver.lookup(ref)
-            self._flatten(target.contents, target.resolver, parts, seen)
-            if self.legacy_ref:  # up to draft 7, $ref replaces its siblings
-                return
-        parts.append((schema, resolver))
-        for branch in schema.get("allOf", ()) if isinstance(schema.get("allOf"), list) else ():
-            self._flatten(branch, resolver, parts, seen)
+        """Appends the conjuncts of ``schema`` but those the grammar enforces entirely."""
+        flatten_conjuncts(schema, resolver, self.specification, self.legacy_ref, parts, seen, self.exact)
+
+
+def flatten_conjuncts(
+    schema: Any,
+    resolver: Resolver,
+    specification: referencing.Specification[Any],
+    legacy_ref: bool,
+    parts: list[tuple[dict[str, Any], Resolver]],
+    seen: set[int],
+    skip: set[int] | frozenset[int] = frozenset(),
+) -> bool:
+    """Appends the conjuncts of ``schema`` (itself, its ``allOf`` branches, its ``$ref`` target)
+    with the resolver each is read with, but those whose ``id`` is in ``skip`` (and what only
+    they lead to); ``legacy_ref``: ``$ref`` replaces its siblings (up to draft 7). False if one
+    of them is the ``false`` schema (no value is valid there)."""
+    if schema is False:
+        return False
+    if not isinstance(schema, dict) or id(schema) in seen or id(schema) in skip:
+        return True
+    seen.add(id(schema))
+    resolver = resolver.in_subresource(specification.create_resource(schema))
+    ok = True
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target = resolver.lookup(ref)
+        ok = flatten_conjuncts(target.contents, target.resolver, specification, legacy_ref, parts, seen, skip)
+        if legacy_ref:
+            return ok
+    parts.append((schema, resolver))
+    for branch in schema.get("allOf", ()) if isinstance(schema.get("allOf"), list) else ():
+        ok = flatten_conjuncts(branch, resolver, specification, legacy_ref, parts, seen, skip) and ok
+    return ok
+
+
+def member_subschemas(
+    parts: list[tuple[dict[str, Any], Resolver]], key: str, search: Callable[[str, str], bool]
+) -> list[tuple[Any, Resolver]]:
+    """The subschemas of ``parts`` (conjuncts of an object's schema) that apply to the value of
+    its member ``key``: ``properties``, every ``patternProperties`` pattern that ``search``
+    finds in the key, else ``additionalProperties``."""
+    out: list[tuple[Any, Resolver]] = []
+    for part, resolver in parts:
+        matched = False
+        properties = part.get("properties")
+        if isinstance(properties, dict) and key in properties:
+            out.append((properties[key], resolver))
+            matched = True
+        patterns = part.get("patternProperties")
+        if isinstance(patterns, dict):
+            for pattern, schema in patterns.items():
+                if search(pattern, key):
+                    out.append((schema, resolver))
+                    matched = True
+        if not matched and "additionalProperties" in part:
+            out.append((part["additionalProperties"], resolver))
+    return out
+
+
+def item_subschemas(
+    parts: list[tuple[dict[str, Any], Resolver]], index: int, prefix_items: bool
+) -> list[tuple[Any, Resolver]]:
+    """The subschemas of ``parts`` (conjuncts of an array's schema) that apply to item
+    ``index``; ``prefix_items``: the draft has ``prefixItems`` (2020-12)."""
+    out: list[tuple[Any, Resolver]] = []
+    for part, resolver in parts:
+        items = part.get("items")
+        prefix = part.get("prefixItems") if prefix_items else None
+        if isinstance(items, list):  # the tuple form of drafts 4 to 2019-09
+            if index < len(items):
+                out.append((items[index], resolver))
+            elif "additionalItems" in part:
+                out.append((part["additionalItems"], resolver))
+        elif isinstance(prefix, list) and index < len(prefix):
+            out.append((prefix[index], resolver))
+        elif items is not None:
+            out.append((items, resolver))
+    return out
 
 
 class CheckNode:
@@ -244,21 +308,7 @@ class CheckNode:
         """The node for the value of member ``key`` of this (object) value, or None."""
         if key in self._keys:
             return self._keys[key]
-        schemas: list[tuple[Any, Resolver]] = []
-        for part, resolver in self._parts:
-            matched = False
-            properties = part.get("properties")
-            if isinstance(properties, dict) and key in properties:
-                schemas.append((properties[key], resolver))
-                matched = True
-            patterns = part.get("patternProperties")
-            if isinstance(patterns, dict):
-                for pattern, schema in patterns.items():
-                    if self._ctx.regex(pattern).search(key):
-                        schemas.append((schema, resolver))
-                        matched = True
-            if not matched and "additionalProperties" in part:
-                schemas.append((part["additionalProperties"], resolver))
+        schemas = member_subschemas(self._parts, key, lambda pattern, k: bool(self._ctx.regex(pattern).search(k)))
         child = self._keys[key] = self._ctx.node_for(schemas)
         return child
 
@@ -267,19 +317,7 @@ class CheckNode:
         index = min(index, self._num_prefix)  # every item past the tuple prefixes is alike
         if index in self._indexes:
             return self._indexes[index]
-        schemas: list[tuple[Any, Resolver]] = []
-        for part, resolver in self._parts:
-            items = part.get("items")
-            prefix = part.get("prefixItems") if self._ctx.prefix_items else None
-            if isinstance(items, list):  # the tuple form of drafts 4 to 2019-09
-                if index < len(items):
-                    schemas.append((items[index], resolver))
-                elif "additionalItems" in part:
-                    schemas.append((part["additionalItems"], resolver))
-            elif isinstance(prefix, list) and index < len(prefix):
-                schemas.append((prefix[index], resolver))
-            elif items is not None:
-                schemas.append((items, resolver))
+        schemas = item_subschemas(self._parts, index, self._ctx.prefix_items)
         child = self._indexes[index] = self._ctx.node_for(schemas)
         return child
 
@@ -374,17 +412,9 @@ class ValueChecker:
         return len(self._buf)
 
     @property
-    def open_starts(self) -> list[int]:
-        """Byte offsets where the values still open begin, outermost first."""
-        starts = [frame.start for frame in self._stack]
-        if self._state in _SCALAR_STATES:
-            starts.append(self._scalar_start)
-        return starts
-
-    @property
     def open_values(self) -> list[tuple[int, CheckNode | None]]:
-        """(byte offset, node) of the values still open, outermost first, as ``open_starts``; a
-        key being written is no value: its node is None."""
+        """(byte offset where it begins, node) of each value still open, outermost first; a key
+        being written counts (its node is None: it is no value)."""
         values = [(frame.start, frame.node) for frame in self._stack]
         if self._state in _SCALAR_STATES:
             values.append((self._scalar_start, None if self._is_key else self._scalar_node))
@@ -396,8 +426,15 @@ class ValueChecker:
         the node of that value; None elsewhere, or where no check applies."""
         if self._failure is not None or self._state not in (_VALUE, _VALUE_OR_CLOSE):
             return None
+        if not self._stack and self._buf.strip() != b"":
+            return None  # the top-level value came already
+        return self._node_of_next()
+
+    def _node_of_next(self) -> CheckNode | None:
+        """The node of the value that starts next: the root's, an object member's (its key was
+        just parsed), or the next item's."""
         if not self._stack:
-            return self._root if self._buf.strip() == b"" else None
+            return self._root
         frame = self._stack[-1]
         if frame.is_object:
             return frame.child
@@ -514,15 +551,9 @@ class ValueChecker:
         return CheckFailure(f"{NOT_JSON}: unexpected {chr(byte)!r} at byte {pos}", pos)
 
     def _start_value(self, byte: int, pos: int) -> CheckFailure | None:
-        if self._stack:
-            frame = self._stack[-1]
-            if frame.is_object:
-                node = frame.child
-            else:
-                frame.member_start = pos
-                node = frame.node.child_for_index(frame.count) if frame.node is not None else None
-        else:
-            node = self._root
+        node = self._node_of_next()
+        if self._stack and not self._stack[-1].is_object:
+            self._stack[-1].member_start = pos
         if byte in (0x7B, 0x5B):  # '{' '['
             self._stack.append(_Frame(byte == 0x7B, node, pos))
             self._state = _KEY_OR_CLOSE if byte == 0x7B else _VALUE_OR_CLOSE

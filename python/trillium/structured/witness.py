@@ -39,7 +39,13 @@ from typing import Any
 import referencing
 
 from trillium.structured.regex_strings import composed_strings, pattern_strings
-from trillium.structured.value_checks import applicable_subschemas, count_check
+from trillium.structured.value_checks import (
+    applicable_subschemas,
+    count_check,
+    flatten_conjuncts,
+    item_subschemas,
+    member_subschemas,
+)
 
 Resolver = Any  # a referencing Resolver
 Part = tuple[Any, Resolver]  # one subschema of a conjunction, with the resolver it is read with
@@ -104,6 +110,7 @@ class WitnessFinder:
         self._validator = validator
         self._specification = specification
         self._legacy_ref = legacy_ref
+        self._prefix_items = "prefixItems" in validator.VALIDATORS  # the draft has it (2020-12)
         self._spent = spent
         self._validators: dict[int, Any] = {}
         self._found: dict[tuple[tuple[int, ...], int], _Lazy] = {}
@@ -137,31 +144,10 @@ class WitnessFinder:
         ``false``."""
         parts: list[Part] = []
         seen: set[int] = set()
+        ok = True
         for schema, resolver in schemas:
-            if not self._flatten(schema, resolver, parts, seen):
-                return None
-        return parts
-
-    def _flatten(self, schema: Any, resolver: Resolver, parts: list[Part], seen: set[int]) -> bool:
-        if schema is False:
-            return False
-        if not isinstance(schema, dict) or id(schema) in seen:
-            return True
-        seen.add(id(schema))
-        resolver = resolver.in_subresource(self._specification.create_resource(schema))
-        ref = schema.get("$ref")
-        if isinstance(ref, str):
-            target = resolver.lookup(ref)
-            if not self._flatten(target.contents, target.resolver, parts, seen):
-                return False
-            if self._legacy_ref:
-                return True
-        parts.append((schema, resolver))
-        branches = schema.get("allOf")
-        for branch in branches if isinstance(branches, list) else ():
-            if not self._flatten(branch, resolver, parts, seen):
-                return False
-        return True
+            ok = flatten_conjuncts(schema, resolver, self._specification, self._legacy_ref, parts, seen) and ok
+        return parts if ok else None
 
     def _lazy(self, parts: list[Part], depth: int) -> _Lazy:
         key = (tuple(id(p) for p, _ in parts), depth)
@@ -201,8 +187,6 @@ class WitnessFinder:
             try:
                 if next(iter(validator.iter_errors(value)), None) is not None:
                     return False
-            except Spent:
-                raise
             except Exception:  # a schema jsonschema cannot evaluate: never a witness
                 return False
         return True
@@ -386,25 +370,8 @@ class WitnessFinder:
                 return
             yield value
 
-    @staticmethod
-    def _item_schemas(parts: list[Part], index: int) -> list[Part]:
-        out: list[Part] = []
-        for schema, resolver in parts:
-            prefix = schema.get("prefixItems")
-            items = schema.get("items")
-            if isinstance(prefix, list):
-                if index < len(prefix):
-                    out.append((prefix[index], resolver))
-                elif "items" in schema:
-                    out.append((items, resolver))
-            elif isinstance(items, list):
-                if index < len(items):
-                    out.append((items[index], resolver))
-                elif "additionalItems" in schema:
-                    out.append((schema["additionalItems"], resolver))
-            elif items is not None:
-                out.append((items, resolver))
-        return out
+    def _item_schemas(self, parts: list[Part], index: int) -> list[Part]:
+        return item_subschemas(parts, index, self._prefix_items)
 
     def _objects(self, parts: list[Part], depth: int) -> Iterator[dict[str, Any]]:
         min_props = max([int(s["minProperties"]) for s, _ in parts if isinstance(s.get("minProperties"), int)] or [0])
@@ -486,7 +453,7 @@ class WitnessFinder:
         keys = sorted(keys, key=lambda k: order.index(k) if k in order else len(order))
         members: list[_Lazy] = []
         for key in keys:
-            member = self._member(self._member_schemas(parts, key), depth + 1)
+            member = self._member(member_subschemas(parts, key, _search), depth + 1)
             if member is None:
                 return
             members.append(member)
@@ -500,24 +467,6 @@ class WitnessFinder:
                 if value is _END:
                     break
                 yield dict(zip(keys, [*first[:j], value, *first[j + 1 :]], strict=True))
-
-    def _member_schemas(self, parts: list[Part], key: str) -> list[Part]:
-        out: list[Part] = []
-        for schema, resolver in parts:
-            matched = False
-            props = schema.get("properties")
-            if isinstance(props, dict) and key in props:
-                out.append((props[key], resolver))
-                matched = True
-            patterns = schema.get("patternProperties")
-            if isinstance(patterns, dict):
-                for pattern, sub in patterns.items():
-                    if _search(pattern, key):
-                        out.append((sub, resolver))
-                        matched = True
-            if not matched and "additionalProperties" in schema:
-                out.append((schema["additionalProperties"], resolver))
-        return out
 
     @staticmethod
     def _invented_keys(parts: list[Part]) -> list[str]:
