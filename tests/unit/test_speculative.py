@@ -19,7 +19,7 @@ from tests.unit.test_scheduler_policy import (
 from trillium.config import EngineConfig, SpeculativeConfig
 from trillium.protocol import FinishReason, SamplingParams
 from trillium.scheduler import Request
-from trillium.speculative import DraftDepth, NgramProposer
+from trillium.speculative import DraftDepth, NgramProposer, ngram
 from trillium.speculative.depth import PROBE_EVERY
 
 
@@ -179,6 +179,21 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     assert p.propose(r, 2) == [5, 1]
     r.output_token_ids.append(9)
     assert p.propose(r, 10) == []  # 9 never occurred before
+
+
+def test_ngram_copies_the_occurrence_whose_earlier_tokens_agree_longest():
+    """The last 2-gram (5, 6) occurred twice before: after (1, 2, 3) -> 7 and, later, after
+    (9, 9, 3) -> 8. The context ends in (1, 2, 3, 5, 6): the earlier occurrence agrees further
+    back, so its continuation is copied; with no such agreement the latest wins."""
+    p = NgramProposer(2, 1, 2)
+    r = ctx([1, 2, 3, 5, 6, 7, 0, 9, 9, 3, 5, 6, 8, 0, 1, 2, 3, 5, 6])
+    assert p.propose(r, 10) == [7, 0]
+    latest = ctx([1, 2, 3, 5, 6, 7, 0, 9, 9, 3, 5, 6, 8, 0, 4, 4, 3, 5, 6])
+    assert NgramProposer(2, 1, 2).propose(latest, 10) == [8, 0]
+    # Past CANDIDATES later occurrences, the agreeing one is no longer compared.
+    filler = [t for i in range(ngram.CANDIDATES) for t in (5, 6, 20 + i)]
+    far = ctx([1, 2, 3, 5, 6, 7, *filler, 1, 2, 3, 5, 6])
+    assert NgramProposer(2, 1, 2).propose(far, 10) == [20 + ngram.CANDIDATES - 1, 1]
 
 
 def test_ngram_caps_drafts_after_rejections_and_recovers():
