@@ -17,7 +17,7 @@ from tests.fakes import FakeExecutor
 from trillium import _core
 from trillium.protocol import AbortRequest, AddRequest, FinishReason, SamplingParams, TokenDelta
 from trillium.runtime import Mailbox, MailboxClosed, Supervisor, open_inbox
-from trillium.scheduler import SchedulerConfig
+from trillium.scheduler import SchedulerConfig, SchedulerPolicy
 from trillium.scheduler.actor import SchedulerActor, merge_deltas
 from trillium.scheduler.kv_manager import KVBlockManager
 
@@ -314,3 +314,36 @@ async def test_the_prefix_caches_changes_reach_the_event_sink_and_a_rebuilt_pool
         stats = actor.stats.latest
         assert (stats.kv_events_published, stats.kv_events_dropped) == (7, 2)
         supervisor.request_shutdown()
+
+
+async def test_an_update_that_may_search_runs_off_the_event_loop(monkeypatch):
+    """A step whose update may run closing searches (value-checked structured output: up to the
+    step's search time of Python work) is applied on a worker thread, so the event loop --
+    /health, every other stream -- goes on meanwhile; the output is the same."""
+    loop_thread = threading.get_ident()
+    update_threads: list[int] = []
+    real_update = SchedulerPolicy.update
+
+    def slow_update(self, plan, output):
+        update_threads.append(threading.get_ident())
+        time.sleep(0.2)  # a search's worth of time
+        return real_update(self, plan, output)
+
+    monkeypatch.setattr(SchedulerPolicy, "may_search", lambda self, plan: True)
+    monkeypatch.setattr(SchedulerPolicy, "update", slow_update)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await trio.sleep(0.01)
+            ticks += 1
+
+    async with trio.open_nursery() as nursery:
+        send, allocator, _, actor = await start(nursery)
+        nursery.start_soon(ticker)
+        tokens, reason = await collect(submit(send, "a", max_tokens=3))
+        nursery.cancel_scope.cancel()
+    assert tokens == [FakeExecutor.token_at(5 + k) for k in range(3)] and reason == FinishReason.LENGTH
+    assert update_threads and loop_thread not in update_threads
+    assert ticks >= 20  # three updates of 0.2 s: the loop ticked through them

@@ -3,8 +3,10 @@
 Loop: take messages → schedule a step → run it on the step thread (the event loop stays free
 for HTTP, ``/health`` included) → update requests and deliver :class:`TokenDelta`s → publish a
 :class:`SchedulerStats` snapshot. Messages that arrive while a step runs wait in the bounded
-inbox and are applied before the next schedule, so the policy is only ever touched from the
-event loop.
+inbox and are applied before the next schedule, so the policy is only ever touched by the
+actor's own task: on the event loop, or, for the update of a step with value-checked structured
+output (whose closing searches may take ``policy.CLOSE_SEARCH_SECONDS``), on a worker thread
+while that task waits for it, so that ``/health`` and every other stream go on meanwhile.
 
 Failure: if a step raises (the model runner) or the actor's own code does, every request in
 flight -- running or waiting -- gets an error delta, the KV pool is rebuilt empty (a fresh
@@ -273,7 +275,7 @@ class SchedulerActor(Actor):
         if not plan.scheduled:
             await self._wait_for_room()
             return
-        self._update(plan, await self._run(plan))
+        await self._update(plan, await self._run(plan))
 
     async def _release_finished(self) -> None:
         """Going idle: give the executor the requests that finished since the last step, in a
@@ -320,9 +322,18 @@ class SchedulerActor(Actor):
         faults.hit("runner.execute")
         return self.executor.execute(step_input)
 
-    def _update(self, plan: StepPlan, output: StepOutput) -> None:
+    async def _update(self, plan: StepPlan, output: StepOutput) -> None:
         """Apply the step's tokens to the requests and deliver each one's delta."""
-        for update in self.policy.update(plan, output):
+        if self.policy.may_search(plan):
+            # Closing searches and witnesses are Python and jsonschema work of up to the step's
+            # search time: on the event loop they held /health up to ~1 s under 16 such
+            # requests. On a worker thread the loop gets the GIL every switch interval. Nothing
+            # else touches the policy meanwhile: this task is its only user, and it waits here
+            # (deliveries are trio channel sends, so they stay on the loop).
+            updates = await trio.to_thread.run_sync(self.policy.update, plan, output)
+        else:
+            updates = self.policy.update(plan, output)  # no search: not worth a thread hop per step
+        for update in updates:
             self._deliver(update)
 
     def _begin_bitmask(self, plan: StepPlan) -> StepBitmask | None:

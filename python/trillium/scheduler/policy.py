@@ -254,6 +254,11 @@ class SchedulerPolicy:
             scheduled, step_input, {r.request_id: drafts[r.request_id] for r, _ in scheduled if r.request_id in drafts}
         )
 
+    def may_search(self, plan: StepPlan) -> bool:
+        """Whether :meth:`update` of this plan may run closing searches (up to
+        ``CLOSE_SEARCH_SECONDS``): a request in it has value checks."""
+        return any(request.matcher is not None and request.matcher.guard is not None for request, _ in plan.scheduled)
+
     def update(self, plan: StepPlan, output: StepOutput) -> list[RequestUpdate]:
         """Apply a step's result: advance progress, append sampled tokens, finish requests."""
         updates: list[RequestUpdate] = []
