@@ -340,10 +340,11 @@ async def test_an_update_that_may_search_runs_off_the_event_loop(monkeypatch):
             ticks += 1
 
     async with trio.open_nursery() as nursery:
-        send, allocator, _, actor = await start(nursery)
+        send, allocator, _, _ = await start(nursery)
         nursery.start_soon(ticker)
         tokens, reason = await collect(submit(send, "a", max_tokens=3))
         nursery.cancel_scope.cancel()
     assert tokens == [FakeExecutor.token_at(5 + k) for k in range(3)] and reason == FinishReason.LENGTH
     assert update_threads and loop_thread not in update_threads
+    assert allocator.num_free_blocks == allocator.num_total_blocks
     assert ticks >= 20  # three updates of 0.2 s: the loop ticked through them
