@@ -322,10 +322,13 @@ async def test_an_update_that_may_search_runs_off_the_event_loop(monkeypatch):
     /health, every other stream -- goes on meanwhile; the output is the same."""
     loop_thread = threading.get_ident()
     update_threads: list[int] = []
+    in_step: list[bool] = []  # the watchdog covers the update too
+    actors: list[SchedulerActor] = []
     real_update = SchedulerPolicy.update
 
     def slow_update(self, plan, output):
         update_threads.append(threading.get_ident())
+        in_step.append(actors[0].in_step)
         time.sleep(0.2)  # a search's worth of time
         return real_update(self, plan, output)
 
@@ -340,11 +343,12 @@ async def test_an_update_that_may_search_runs_off_the_event_loop(monkeypatch):
             ticks += 1
 
     async with trio.open_nursery() as nursery:
-        send, allocator, _, _ = await start(nursery)
+        send, allocator, _, actor = await start(nursery)
+        actors.append(actor)
         nursery.start_soon(ticker)
         tokens, reason = await collect(submit(send, "a", max_tokens=3))
         nursery.cancel_scope.cancel()
     assert tokens == [FakeExecutor.token_at(5 + k) for k in range(3)] and reason == FinishReason.LENGTH
-    assert update_threads and loop_thread not in update_threads
+    assert update_threads and loop_thread not in update_threads and all(in_step)
     assert allocator.num_free_blocks == allocator.num_total_blocks
     assert ticks >= 20  # three updates of 0.2 s: the loop ticked through them

@@ -135,7 +135,9 @@ class SchedulerActor(Actor):
         self._inbox = inbox
         self.step_timeout_s = step_timeout_s
         self.step_timeout_factor = step_timeout_factor
-        self._step_started: float | None = None  # monotonic start of the step in the executor
+        # Monotonic start of the step in the executor, or of its update on a worker thread: the
+        # watchdog covers both, so an update stuck off the loop does not leave /health green.
+        self._step_started: float | None = None
         self._recent_steps: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
         self.bitmask_filler = bitmask_filler  # structured output: fills masks while the model runs
         # One model step at a time, always on the same thread: the executor owns the model and
@@ -175,7 +177,8 @@ class SchedulerActor(Actor):
             self._publish_stats()
 
     def liveness(self, now: float) -> str | None:
-        """A step running past its limit (the model hung, or is far slower than it was)."""
+        """A step running past its limit (the model hung, or is far slower than it was; or the
+        step's update on a worker thread hung)."""
         started = self._step_started
         if started is None:
             return None
@@ -192,7 +195,7 @@ class SchedulerActor(Actor):
 
     @property
     def in_step(self) -> bool:
-        """True while a step runs on the step thread."""
+        """True while a step runs on the step thread, or its update on a worker thread."""
         return self._step_started is not None
 
     def inbox_backlog(self) -> int:
@@ -330,7 +333,11 @@ class SchedulerActor(Actor):
             # requests. On a worker thread the loop gets the GIL every switch interval. Nothing
             # else touches the policy meanwhile: this task is its only user, and it waits here
             # (deliveries are trio channel sends, so they stay on the loop).
-            updates = await trio.to_thread.run_sync(self.policy.update, plan, output)
+            self._step_started = time.monotonic()
+            try:
+                updates = await trio.to_thread.run_sync(self.policy.update, plan, output)
+            finally:
+                self._step_started = None
         else:
             updates = self.policy.update(plan, output)  # no search: not worth a thread hop per step
         for update in updates:
