@@ -319,36 +319,39 @@ async def test_the_prefix_caches_changes_reach_the_event_sink_and_a_rebuilt_pool
 async def test_an_update_that_may_search_runs_off_the_event_loop(monkeypatch):
     """A step whose update may run closing searches (value-checked structured output: up to the
     step's search time of Python work) is applied on a worker thread, so the event loop --
-    /health, every other stream -- goes on meanwhile; the output is the same."""
-    loop_thread = threading.get_ident()
+    /health, every other stream -- goes on meanwhile; the watchdog covers it; the output is the
+    same. Each update waits until a task on the loop has run while it was in progress: on the
+    loop itself it would wait in vain (and fail after 10 s)."""
+    in_update, loop_ran = threading.Event(), threading.Event()
     update_threads: list[int] = []
-    in_step: list[bool] = []  # the watchdog covers the update too
+    in_step: list[bool] = []
     actors: list[SchedulerActor] = []
     real_update = SchedulerPolicy.update
 
-    def slow_update(self, plan, output):
+    def blocking_update(self, plan, output):
         update_threads.append(threading.get_ident())
         in_step.append(actors[0].in_step)
-        time.sleep(0.2)  # a search's worth of time
+        loop_ran.clear()
+        in_update.set()
+        ran = loop_ran.wait(timeout=10)
+        in_update.clear()
+        assert ran, "the event loop did not run while the update was in progress"
         return real_update(self, plan, output)
 
-    monkeypatch.setattr(SchedulerPolicy, "may_search", lambda self, plan: True)
-    monkeypatch.setattr(SchedulerPolicy, "update", slow_update)
-    ticks = 0
-
-    async def ticker():
-        nonlocal ticks
+    async def loop_task():
         while True:
-            await trio.sleep(0.01)
-            ticks += 1
+            if in_update.is_set():
+                loop_ran.set()
+            await trio.sleep(0.001)
 
+    monkeypatch.setattr(SchedulerPolicy, "may_search", lambda self, plan: True)
+    monkeypatch.setattr(SchedulerPolicy, "update", blocking_update)
     async with trio.open_nursery() as nursery:
         send, allocator, _, actor = await start(nursery)
         actors.append(actor)
-        nursery.start_soon(ticker)
+        nursery.start_soon(loop_task)
         tokens, reason = await collect(submit(send, "a", max_tokens=3))
         nursery.cancel_scope.cancel()
     assert tokens == [FakeExecutor.token_at(5 + k) for k in range(3)] and reason == FinishReason.LENGTH
-    assert update_threads and loop_thread not in update_threads and all(in_step)
+    assert len(update_threads) >= 3 and threading.get_ident() not in update_threads and all(in_step)
     assert allocator.num_free_blocks == allocator.num_total_blocks
-    assert ticks >= 20  # three updates of 0.2 s: the loop ticked through them

@@ -3,6 +3,8 @@ prefix cache), the n-gram proposer, and the configuration."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from tests.fakes import FakeExecutor
@@ -194,6 +196,45 @@ def test_ngram_copies_the_occurrence_whose_earlier_tokens_agree_longest():
     filler = [t for i in range(ngram.CANDIDATES) for t in (5, 6, 20 + i)]
     far = ctx([1, 2, 3, 5, 6, 7, *filler, 1, 2, 3, 5, 6])
     assert NgramProposer(2, 1, 2).propose(far, 10) == [20 + ngram.CANDIDATES - 1, 1]
+
+
+def reference_drafts(ids, limit, n_min, n_max):
+    """What the proposer must return, computed from scratch over the whole context."""
+    num = len(ids)
+    if num >= n_max:
+        ends = [e for e in range(n_max, num) if ids[e - n_max : e] == ids[num - n_max :]][-ngram.CANDIDATES :]
+        if ends:
+
+            def agree(e):
+                a, span = n_max, min(ngram.AGREE_MAX, num, e)
+                while a < span and ids[num - 1 - a] == ids[e - 1 - a]:
+                    a += 1
+                return a
+
+            best = max(reversed(ends), key=agree)  # max keeps the first (latest) of equal ones
+            return ids[best : best + limit]
+    for n in range(min(n_max - 1, num - 1), n_min - 1, -1):
+        ends = [e for e in range(n, num) if ids[e - n : e] == ids[num - n :]]
+        if ends:
+            return ids[ends[-1] : ends[-1] + min(limit, n)]
+    return []
+
+
+@pytest.mark.parametrize("n_min, n_max", [(1, 1), (1, 3), (2, 4), (3, 3)])
+def test_ngram_index_grown_call_by_call_proposes_what_a_scan_from_scratch_finds(n_min, n_max):
+    """Random contexts over 3 tokens (so n-grams repeat, with many occurrences and long
+    agreements), grown a few tokens between calls: the incremental index proposes exactly what
+    a scan of the whole context finds, at every call."""
+    rng = random.Random(n_min * 10 + n_max)
+    for _ in range(40):
+        k = rng.randint(1, 6)
+        p = NgramProposer(k, n_min, n_max)
+        r = ctx([rng.randrange(3) for _ in range(rng.randint(1, 6))])
+        for _ in range(30):
+            max_drafts = rng.randint(1, 8)
+            ids = r.prompt_token_ids + r.output_token_ids
+            assert p.propose(r, max_drafts) == reference_drafts(ids, min(k, max_drafts), n_min, n_max), ids
+            r.output_token_ids.extend(rng.randrange(3) for _ in range(rng.randint(1, 4)))
 
 
 def test_ngram_caps_drafts_after_rejections_and_recovers():

@@ -6,6 +6,7 @@ in one step."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -579,6 +580,27 @@ DEAD_END = {
     ],
     "minProperties": 3,
 }
+
+
+def test_only_a_step_with_value_checked_requests_may_search(tok, compiler):
+    """The scheduler runs a step's update off the event loop exactly when it may search closings
+    (``SchedulerPolicy.may_search``): a request whose schema has checks beyond the grammar is in
+    it; a grammar without checks, or no grammar, stays on the loop."""
+    policy = SchedulerPolicy(
+        SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset(tok.eos_token_ids)),
+        KVBlockManager(_core.BlockAllocator(64), BLOCK),
+    )
+
+    def request(schema):
+        r = Request("r", tok.encode("x"), SamplingParams(max_tokens=8), 8)
+        if schema is not None:
+            r.matcher = compiler.compile(StructuredOutputs(json=schema)).new_matcher()
+        return r
+
+    checked, plain, free = request(DEAD_END), request({"type": "object"}), request(None)
+    assert checked.matcher.guard is not None and plain.matcher.guard is None
+    assert policy.may_search(SimpleNamespace(scheduled=[(free, 1), (checked, 1)]))
+    assert not policy.may_search(SimpleNamespace(scheduled=[(free, 1), (plain, 1)]))
 
 
 @pytest.mark.parametrize("checks", [False, True], ids=["grammar only", "with checks"])

@@ -333,9 +333,12 @@ class SchedulerActor(Actor):
             # requests. On a worker thread the loop gets the GIL every switch interval. Nothing
             # else touches the policy meanwhile: this task is its only user, and it waits here
             # (deliveries are trio channel sends, so they stay on the loop).
+            # Shielded like the step itself (StepThread.run): a shutdown that cancels here would
+            # otherwise drop a step that ran, its tokens never delivered.
             self._step_started = time.monotonic()
             try:
-                updates = await trio.to_thread.run_sync(self.policy.update, plan, output)
+                with trio.CancelScope(shield=True):
+                    updates = await trio.to_thread.run_sync(self.policy.update, plan, output)
             finally:
                 self._step_started = None
         else:

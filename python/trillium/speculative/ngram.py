@@ -91,7 +91,7 @@ class NgramProposer:
         tail = request.token_ids_slice(max(num_tokens - self.n_max, 0), num_tokens)
         if len(tail) == self.n_max:
             occurrences = index.full.get(tuple(tail))
-            if occurrences is not None:
+            if occurrences and occurrences[-1] < num_tokens:  # (a context cut back is forgotten)
                 at = occurrences[-1] if len(occurrences) == 1 else self._most_agreeing(request, occurrences)
                 return request.token_ids_slice(at, min(at + limit, num_tokens))
         for n in range(min(self.n_max - 1, num_tokens - 1), self.n_min - 1, -1):
