@@ -11,7 +11,8 @@ Starts ``trillium serve`` (default model and flags) on a free port unless ``--ur
 sends every schema of ``--subset`` once per seed as a chat completion with
 ``structured_outputs.json`` (the schema also in the prompt), ``--concurrency`` at a time, and
 validates each answer with ``jsonschema``. Meanwhile a thread asks ``/health`` every 0.2 s: its
-latency is how long the event loop was held (schema checks and closing searches run there).
+latency is how long the event loop was held (the update of a step with schema checks, closing
+searches included, runs on a worker thread; a held GIL still shows here).
 Prints one JSON line: outputs by how they ended (``stop``/``length``, closed early or not,
 flagged -- the response names a check its closing fails -- or not, valid / invalid / unparsable;
 errors; 400s), /health latency p50 / p99 / max, wall seconds.

@@ -122,7 +122,9 @@ class RequestUpdate:
 
 
 class SchedulerPolicy:
-    """Owns request states and their blocks. Every method runs on one thread (the event loop)."""
+    """Owns request states and their blocks. Every method runs on one thread at a time: the
+    scheduler actor's task, on the event loop or, for an update that may search
+    (:meth:`may_search`), on a worker thread it waits for."""
 
     def __init__(self, config: SchedulerConfig, kv: KVBlockManager) -> None:
         self.config = config
@@ -710,7 +712,7 @@ class SchedulerPolicy:
         matcher, output = request.matcher, request.output_token_ids
         assert matcher is not None and matcher.guard is not None
         guard = matcher.guard
-        # The search runs on the event loop: bounded in checks and in time (closer.SearchBudget),
+        # The whole step waits for the search: bounded in checks and in time (closer.SearchBudget),
         # the time shared by every such search of one step. Half of each goes to closings from
         # where the output stands (or a few tokens back), the rest to values written again from
         # their start: the first half can spend everything on a hopeless output.

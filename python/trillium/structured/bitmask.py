@@ -114,7 +114,7 @@ class BitmaskFiller:
         return StepBitmask(tensor, rows, future)
 
     def end_step(self, step: StepBitmask | None) -> None:
-        """Account for a finished step. The matchers are the event loop's again once the fill is
+        """Account for a finished step. The matchers are the scheduler's again once the fill is
         done; the runner waited for it before sampling, so this normally returns at once."""
         if step is None:
             return

@@ -47,7 +47,7 @@ MAX_CHARS = 1024  # a closing longer than this is not attempted (no allowance is
 class SearchBudget:
     """What a checked closing search may still spend: value checks (counted with the memoized
     ones, so where it stops does not depend on other requests) and, since one check of a
-    recursive schema can take milliseconds, seconds (the search runs on the event loop)."""
+    recursive schema can take milliseconds, seconds (the whole step waits for the search)."""
 
     def __init__(self, max_checks: int, seconds: float) -> None:
         self._stop_checks = checks_run() + max_checks
@@ -109,7 +109,7 @@ class Closer:
         ``checker`` (the request's value checks, as they stand; it is consumed): each character
         must also pass them -- a ``}`` that would leave out a property an ``if``/``then`` needs
         gives way to ``,`` -- and the closed output too; ``budget``: None once it is spent (a
-        checked search over a recursive schema could otherwise hold the event loop for
+        checked search over a recursive schema could otherwise hold the step for
         seconds). ``in_string``: the output so far ends inside a JSON string
         (``string_state``); False at the start of an output."""
         if matcher.is_error():
