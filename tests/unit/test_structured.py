@@ -12,6 +12,7 @@ import pytest
 import torch
 import trio
 
+from tests.unit.test_witness import PROBES as WITNESS_PROBES
 from trillium import _core
 from trillium.protocol import (
     AddRequest,
@@ -375,15 +376,9 @@ async def test_what_the_checks_of_one_request_take_back_is_bounded(tok, compiler
     assert 3 <= actor.stats.latest.num_rejected_tokens < 10
 
 
-WITNESS_ONLY = {  # a multiple of 3 that is no multiple of 5, 7 or 8: 1 and 2 fail, 3 is the witness
-    "type": "integer",
-    "allOf": [
-        {"minimum": 1},
-        {"anyOf": [{"multipleOf": 3}, {"multipleOf": 5}, {"multipleOf": 7}]},
-        {"anyOf": [{"allOf": [{"not": {"multipleOf": 5}}, {"not": {"multipleOf": 7}}]}, {"multipleOf": 24}]},
-        {"not": {"multipleOf": 8}},
-    ],
-}
+# test_witness's number probe as an integer: a multiple of 3 that is no multiple of 5, 7 or 8,
+# so 1 and 2 fail and 3 is the witness.
+WITNESS_ONLY = {**WITNESS_PROBES["numbers"], "type": "integer"}
 
 
 @pytest.mark.parametrize("case", ["closing", "retry bound", "retry bound, no witnesses"])
