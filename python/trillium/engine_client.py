@@ -211,11 +211,12 @@ class EngineClient:
             raise TokenizeError(result.error)
         return result.text
 
-    async def compile_grammar(self, constraint: StructuredOutputs) -> CompiledGrammar:
-        """Compile an output constraint (cached by content). Raises GrammarError (malformed,
-        unsupported, or over the compile time limit) or EngineOverloaded."""
+    async def compile_grammar(self, constraint: StructuredOutputs, scope: str | None = None) -> CompiledGrammar:
+        """Compile an output constraint (cached by content, per ``scope``: the asker's tenant's
+        cache namespace). Raises GrammarError (malformed, unsupported, or over the compile time
+        limit) or EngineOverloaded."""
         result: GrammarCompiled = await ask(
-            self._grammar, "grammar", lambda reply: CompileGrammar(constraint=constraint, reply=reply)
+            self._grammar, "grammar", lambda reply: CompileGrammar(constraint=constraint, reply=reply, scope=scope)
         )
         if result.error is not None:
             raise GrammarError(result.error)
@@ -239,12 +240,16 @@ class EngineClient:
         *,
         tenant: str = "",
         priority: int = 0,
+        cache_scope: str | None = None,
+        num_public_tokens: int = 0,
     ) -> Mailbox[TokenDelta]:
         """Queue a request; its deltas arrive in the returned mailbox. Raises EngineOverloaded (the
         waiting queue is full, or ``tenant`` has its share of it: :class:`FairAdmission`), or
         SamplingParamError for token ids outside the vocabulary.
         A request with ``sampling.structured`` needs its ``grammar`` from :meth:`compile_grammar`;
-        ValueError for a prompt of no tokens (nothing for the model to continue)."""
+        ValueError for a prompt of no tokens (nothing for the model to continue). ``cache_scope``:
+        the tenant's prefix-cache namespace (``AddRequest.cache_scope``); ``num_public_tokens``: the
+        leading tokens shared with a declared public prefix (``AddRequest.num_public_tokens``)."""
         if not prompt_token_ids:
             raise ValueError("the prompt has no tokens")
         if (sampling.structured is None) != (grammar is None):
@@ -261,6 +266,8 @@ class EngineClient:
             reply=mailbox,
             arrival_time=time.monotonic(),
             cache_salt=cache_salt,
+            cache_scope=cache_scope,
+            num_public_tokens=num_public_tokens,
             grammar=grammar,
             tenant=tenant,
             priority=priority,
@@ -281,12 +288,22 @@ class EngineClient:
         *,
         tenant: str = "",
         priority: int = 0,
+        cache_scope: str | None = None,
+        num_public_tokens: int = 0,
     ) -> RequestStream:
         """Submit a request and return its text stream. Raises EngineOverloaded. ``tenant`` (whose
         fair share it uses) and ``priority`` (inside the tenant, lower first): see
         ``scheduler/fair_queue.py``; the stream counts in its tenant's share until it ends."""
         mailbox = self.submit(
-            request_id, prompt_token_ids, sampling, cache_salt, grammar, tenant=tenant, priority=priority
+            request_id,
+            prompt_token_ids,
+            sampling,
+            cache_salt,
+            grammar,
+            tenant=tenant,
+            priority=priority,
+            cache_scope=cache_scope,
+            num_public_tokens=num_public_tokens,
         )
         self.admission.opened(tenant)
         return RequestStream(

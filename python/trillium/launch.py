@@ -224,7 +224,7 @@ class Engine:
         tree = _core.RadixTree(allocator, config.block_size) if config.enable_prefix_cache else None
         if tree is not None and self.kv_events is not None:
             tree.record_events = True
-            self.kv_events.namespace = cache_namespace(scheduler_config.model_key, None)
+            self.kv_events.add_namespace(cache_namespace(scheduler_config.model_key, None))
         scheduler_send, scheduler_recv = open_inbox(INBOX_BOUND)
         tokenizer_send, tokenizer_recv = open_inbox(TOKENIZER_INBOX_BOUND)
         grammar_send, grammar_recv = open_inbox(GRAMMAR_INBOX_BOUND)

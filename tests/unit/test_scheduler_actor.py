@@ -19,7 +19,7 @@ from trillium.protocol import AbortRequest, AddRequest, FinishReason, SamplingPa
 from trillium.runtime import Mailbox, MailboxClosed, Supervisor, open_inbox
 from trillium.scheduler import SchedulerConfig, SchedulerPolicy
 from trillium.scheduler.actor import SchedulerActor, merge_deltas
-from trillium.scheduler.kv_manager import KVBlockManager
+from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace
 
 BLOCK = 4
 
@@ -65,7 +65,7 @@ async def start(nursery, num_blocks=64, executor=None):
     return send, allocator, executor, actor
 
 
-def submit(send, rid, prompt_len=5, max_tokens=6):
+def submit(send, rid, prompt_len=5, max_tokens=6, **fields):
     box = Mailbox(merge_deltas)
     send.send_nowait(
         AddRequest(
@@ -73,18 +73,21 @@ def submit(send, rid, prompt_len=5, max_tokens=6):
             prompt_token_ids=list(range(50, 50 + prompt_len)),
             sampling=SamplingParams(max_tokens=max_tokens),
             reply=box,
+            **fields,
         )
     )
     return box
 
 
-async def collect(box):
+async def collect(box, deltas=None):
     tokens, reason = [], None
     while True:
         try:
             delta = await box.get()
         except MailboxClosed:
             return tokens, reason
+        if deltas is not None:
+            deltas.append(delta)
         tokens += delta.token_ids
         reason = delta.finish_reason or reason
 
@@ -263,6 +266,7 @@ class RecordingSink:
         self.journal: list = []
         self.num_cleared = 0
         self.want_snapshot = False
+        self.namespaces: set[int] = set()
 
     def publish(self, events) -> None:
         self.journal.extend(events)
@@ -273,6 +277,9 @@ class RecordingSink:
     def snapshot_wanted(self) -> bool:
         wanted, self.want_snapshot = self.want_snapshot, False
         return wanted
+
+    def add_namespace(self, namespace: int) -> None:
+        self.namespaces.add(namespace)
 
 
 async def test_the_prefix_caches_changes_reach_the_event_sink_and_a_rebuilt_pool_clears_it():
@@ -355,3 +362,37 @@ async def test_an_update_that_may_search_runs_off_the_event_loop(monkeypatch):
     assert tokens == [FakeExecutor.token_at(5 + k) for k in range(3)] and reason == FinishReason.LENGTH
     assert len(update_threads) >= 3 and threading.get_ident() not in update_threads and all(in_step)
     assert allocator.num_free_blocks == allocator.num_total_blocks
+
+
+async def test_tenant_scopes_never_share_cached_blocks_and_their_events_are_published():
+    """The same prompt from two tenant scopes: the second computes it all (0 cached tokens); from
+    the first scope again, it hits. Each unsalted scope's namespace is published for the router; a
+    salted request's is not."""
+    send, recv = open_inbox(8)
+    allocator = _core.BlockAllocator(64)
+    tree = _core.RadixTree(allocator, BLOCK)
+    tree.record_events = True
+    sink = RecordingSink()
+    config = SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset({0}))
+    actor = SchedulerActor(config, KVBlockManager(allocator, BLOCK, tree), SlowExecutor(BLOCK), recv, cache_events=sink)
+    supervisor = Supervisor([actor])
+
+    async def cached_tokens(rid: str, **fields) -> int:
+        deltas: list = []
+        await collect(submit(send, rid, prompt_len=3 * BLOCK + 1, max_tokens=2, **fields), deltas)
+        await settle(actor)
+        return max(d.num_cached_tokens for d in deltas)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: supervisor.run(handle_signals=False, task_status=task_status))
+        assert await cached_tokens("a1", cache_scope="tenant:acme") == 0
+        assert await cached_tokens("g1", cache_scope="tenant:globex") == 0
+        assert await cached_tokens("a2", cache_scope="tenant:acme") == 3 * BLOCK
+        assert await cached_tokens("open", cache_scope=None) == 0
+        assert await cached_tokens("salted", cache_scope="tenant:acme", cache_salt="s") == 0
+        model = config.model_key
+        published = {cache_namespace(model, None, s) for s in ("tenant:acme", "tenant:globex", None)}
+        assert sink.namespaces == published
+        assert {e.namespace for e in sink.journal if e.kind == "stored"} >= published
+        actor.policy.kv.check_invariants()
+        supervisor.request_shutdown()

@@ -192,6 +192,68 @@ def test_cache_namespaces_do_not_share_blocks():
     assert other.num_cached_tokens == 0 and "b" not in executor.reused
 
 
+PUBLIC = list(range(500, 514))  # a declared public prefix's tokens: 3 full blocks + 2
+PUBLIC_NS = 77
+
+
+NUM_PUBLIC = len(PUBLIC)
+
+
+def tenant_request(policy, rid, namespace, prompt, num_public=NUM_PUBLIC):
+    request = Request(rid, prompt, SamplingParams(max_tokens=2), 2, cache_namespace=namespace)
+    policy.kv.set_public_prefix(request, PUBLIC_NS, num_public)
+    return request
+
+
+def test_public_prefix_blocks_are_shared_across_namespaces_and_nothing_past_them():
+    policy, _, executor = make(prefix_cache=True)
+    secret = list(range(900, 912))
+    a = tenant_request(policy, "a", 1, [*PUBLIC, *secret])
+    assert a.public_len == 12
+    policy.add(a)
+    run_until_done(policy, executor)
+    assert a.num_cached_tokens == 0
+    # Another namespace, same public prefix and the same "secret" after it: only the public
+    # text's whole blocks are a hit, never a token past what the public text covers.
+    b = tenant_request(policy, "b", 2, [*PUBLIC, *secret])
+    policy.add(b)
+    outputs, _ = run_until_done(policy, executor)
+    assert b.num_cached_tokens == 12 and executor.reused["b"] == PUBLIC[:12]
+    assert outputs["b"] == expected_output(len(b.prompt_token_ids), 2)
+    # b's own namespace holds what followed: its repeat hits all of it.
+    again = tenant_request(policy, "b2", 2, [*PUBLIC, *secret])
+    policy.add(again)
+    run_until_done(policy, executor)
+    assert again.num_cached_tokens == 24 and executor.reused["b2"] == [*PUBLIC, *secret][:24]
+    # The same tokens after a different public prefix are another K/V: no hit past the prefix.
+    other_public = tenant_request(policy, "d", 2, [*PUBLIC[:12], 1, 2, *secret])
+    policy.add(other_public)
+    run_until_done(policy, executor)
+    assert other_public.num_cached_tokens == 12
+    # Without the public mark (a salted request, an open server) nothing is shared.
+    c = tenant_request(policy, "c", 3, [*PUBLIC, *secret], num_public=0)
+    policy.add(c)
+    run_until_done(policy, executor)
+    assert c.num_cached_tokens == 0 and c.public_len == 0
+    policy.kv.check_invariants()
+    assert idle(policy)
+
+
+def test_public_prefixes_are_evicted_like_any_prefix():
+    """Under pressure every namespace's blocks go, the public ones included (one LRU); requests
+    keep completing, and the pool is whole again afterwards."""
+    policy, _, executor = make(num_blocks=12, prefix_cache=True)
+    for i in range(12):
+        prompt = [*PUBLIC, *range(1000 * (i + 1), 1000 * (i + 1) + 10)]
+        request = tenant_request(policy, f"r{i}", i, prompt)
+        policy.add(request)
+        _outputs, reasons = run_until_done(policy, executor)
+        assert reasons[f"r{i}"] == FinishReason.LENGTH
+    assert policy.kv.tree.num_evicted_blocks > 0
+    policy.kv.check_invariants()
+    assert idle(policy)
+
+
 def test_cached_blocks_are_evicted_before_requests_are_refused():
     policy, _allocator, executor = make(num_blocks=10, prefix_cache=True)
     for i in range(6):  # each leaves 4 cached blocks behind; the pool holds 10

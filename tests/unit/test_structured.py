@@ -52,6 +52,17 @@ def test_cache_is_keyed_by_content(compiler):
     assert compiler.compile(StructuredOutputs(json=reordered)) is not a
 
 
+def test_cache_is_kept_per_scope(compiler):
+    """One tenant scope's compile is never another's cache hit (a hit's speed would tell)."""
+    constraint = StructuredOutputs(json={**PERSON, "title": "scoped"})
+    mine = compiler.compile(constraint, "tenant:acme")
+    hits = compiler.num_cache_hits
+    assert compiler.cached(constraint, "tenant:globex") is None and compiler.cached(constraint) is None
+    theirs = compiler.compile(constraint, "tenant:globex")
+    assert theirs is not mine and compiler.num_cache_hits == hits
+    assert compiler.compile(constraint, "tenant:acme") is mine and compiler.num_cache_hits == hits + 1
+
+
 def test_matchers_are_independent(compiler, tok):
     grammar = compiler.compile(StructuredOutputs(json=PERSON))
     m1, m2 = grammar.new_matcher(), grammar.new_matcher()

@@ -19,8 +19,14 @@ trillium's block hash is the KV block id: unique while the block is cached, and 
 reports a block removed before its id can be cached again. That holds on the wire only while no
 batch is lost, so after a loss the next batch starts with ``AllBlocksCleared``: the router then
 under-counts what this replica caches (until prefixes are stored again) rather than trusting a
-stale entry. Only the served model's unsalted namespace is published: requests with a
-``cache_salt`` never share a prefix with anyone else's, and their prompts stay off the wire.
+stale entry. Only unsalted namespaces are published: the served model's (an open server's one
+namespace) and, under ``--config``, each tenant scope's (``AddRequest.cache_scope``: a tenant's
+own, or its group's), which the scheduler adds with :meth:`KVEventPublisher.add_namespace` when
+it first sees it. The router scores a request by its tokens alone, so a tenant's next turn goes
+to the replica that holds that tenant's earlier turns; another tenant's request for the same
+tokens may be routed there too, and misses there (the namespaces still never share a block).
+Requests with a ``cache_salt`` never share a prefix with anyone else's, and their prompts stay off
+the wire.
 
 The scheduler hands each step's journal (``RadixTree.take_events``) to :meth:`KVEventPublisher.
 publish`, which only numbers and queues it; a daemon thread converts, encodes and sends. When the
@@ -103,11 +109,12 @@ def to_wire(events: list[CacheEvent], block_size: int) -> list[KVEvent]:
 
 class KVEventPublisher:
     """Binds a ZMQ XPUB socket at ``endpoint`` (e.g. ``tcp://*:5557``) and publishes prefix-cache
-    events of one namespace on it from a daemon thread.
+    events of the namespaces in ``namespaces`` on it from a daemon thread.
 
-    ``namespace`` may be set after construction (the engine binds the socket before it loads the
-    model, so a port in use fails fast, and knows the namespace only after). ``publish`` and
-    ``cleared`` are called from one thread (the scheduler's) and never block. ``close`` stops the
+    Namespaces may be added after construction (the engine binds the socket before it loads the
+    model, so a port in use fails fast, and knows the model's namespace only after; tenant scopes
+    come with their first request). ``publish``, ``add_namespace`` and ``cleared`` are called from
+    one thread (the scheduler's) and never block. ``close`` stops the
     sender (batches still queued are dropped) and closes the socket; calling it again is a no-op.
     Raises EndpointError naming the endpoint when the socket cannot be bound.
     """
@@ -118,7 +125,7 @@ class KVEventPublisher:
         except ImportError:  # pragma: no cover - the cluster extra is installed for tests
             raise RuntimeError("--kv-events-endpoint needs pyzmq: pip install 'trillium[cluster]'") from None
         self.endpoint = endpoint
-        self.namespace = namespace
+        self.namespaces = {namespace}
         self.block_size = block_size
         self.num_sent = 0  # batches handed to the socket
         self.num_dropped = 0  # batches dropped because the queue was full
@@ -142,10 +149,14 @@ class KVEventPublisher:
         self._thread.start()
         log.info("publishing prefix-cache events on %s", endpoint)
 
+    def add_namespace(self, namespace: int) -> None:
+        """Publish ``namespace``'s events from now on (an unsalted tenant scope's)."""
+        self.namespaces.add(namespace)
+
     def publish(self, events: list[CacheEvent]) -> None:
-        """Queue one journal (``RadixTree.take_events()``): its events in this namespace, converted
-        to wire events on the sender thread (a journal with none is not sent)."""
-        mine: Pending = [e for e in events if e.namespace == self.namespace]
+        """Queue one journal (``RadixTree.take_events()``): its events in the published namespaces,
+        converted to wire events on the sender thread (a journal with none is not sent)."""
+        mine: Pending = [e for e in events if e.namespace in self.namespaces]
         if mine:
             self._put(mine)
 

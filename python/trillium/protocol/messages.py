@@ -146,7 +146,13 @@ class AddRequest(msgspec.Struct, gc=False, kw_only=True):
     sampling: SamplingParams
     reply: Any
     arrival_time: float = 0.0
-    cache_salt: str | None = None  # isolates this tenant's prefix cache entries
+    cache_salt: str | None = None  # isolates this request's prefix cache entries (inside its scope)
+    # The prefix-cache namespace of the request's tenant (``AccessConfig.cache_scopes``); None on
+    # an open server, where every request shares the model's namespace.
+    cache_scope: str | None = None
+    # Leading prompt tokens shared with a declared public prefix: their blocks are cached once for
+    # every tenant (scheduler/kv_manager.py). 0 with a ``cache_salt`` or on an open server.
+    num_public_tokens: int = 0
     grammar: Any = None  # structured.CompiledGrammar for ``sampling.structured`` (compiled by the grammar actor)
     tenant: str = ""  # whose fair share of the scheduler it uses (API key's tenant, else ``user``)
     priority: int = 0  # inside its tenant: lower is scheduled sooner (vLLM's ``priority``)

@@ -47,6 +47,9 @@ class CompileGrammar(msgspec.Struct, gc=False, kw_only=True):
 
     constraint: StructuredOutputs
     reply: Any = None
+    # The asker's cache namespace (its tenant's prefix-cache scope): compiled grammars are cached
+    # per scope, so a compile's speed never tells one tenant what schema another sent.
+    scope: str | None = None
 
 
 class GrammarCompiled(msgspec.Struct, gc=False):

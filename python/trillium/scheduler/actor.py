@@ -41,7 +41,7 @@ from trillium.protocol import (
     TokenDelta,
 )
 from trillium.runtime import Actor, Snapshot, faults
-from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace
+from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace, public_namespace
 from trillium.scheduler.policy import RequestUpdate, SchedulerConfig, SchedulerPolicy, StepPlan
 from trillium.scheduler.request import Request
 
@@ -72,6 +72,9 @@ class CacheEventSink(Protocol):
 
     def snapshot_wanted(self) -> bool:
         """True once when a new subscriber needs the whole cache (cleared, then every block)."""
+
+    def add_namespace(self, namespace: int) -> None:
+        """Publish this namespace's events from now on (one an unsalted request uses)."""
 
     @property
     def num_sent(self) -> int:
@@ -130,6 +133,7 @@ class SchedulerActor(Actor):
         prefix cache's journal after every change (its tree must record events)."""
         super().__init__(inbox)
         self.cache_events = cache_events
+        self._public_namespace = public_namespace(config.model_key)  # declared public prefixes' blocks
         self.policy = SchedulerPolicy(config, kv)
         self.executor = executor
         self._inbox = inbox
@@ -243,6 +247,9 @@ class SchedulerActor(Actor):
         sampling = message.sampling
         room = self.policy.config.max_model_len - len(message.prompt_token_ids)
         max_tokens = room if sampling.max_tokens is None else min(sampling.max_tokens, room)
+        namespace = cache_namespace(self.policy.config.model_key, message.cache_salt, message.cache_scope)
+        if self.cache_events is not None and message.cache_salt is None:
+            self.cache_events.add_namespace(namespace)
         request = Request(
             message.request_id,
             message.prompt_token_ids,
@@ -250,13 +257,20 @@ class SchedulerActor(Actor):
             max_tokens,
             reply=message.reply,
             arrival_time=message.arrival_time or None,
-            cache_namespace=cache_namespace(self.policy.config.model_key, message.cache_salt),
+            cache_namespace=namespace,
             matcher=(
                 None if message.grammar is None else message.grammar.new_matcher(close=sampling.close_structured_output)
             ),
             tenant=message.tenant,
             priority=message.priority,
         )
+        if message.num_public_tokens:
+            self.policy.kv.set_public_prefix(request, self._public_namespace, message.num_public_tokens)
+            if self.cache_events is not None and request.public_len:
+                # Public blocks start at position 0: a router indexes them as any prefix. What
+                # follows them (a derived namespace, tokens from position public_len) is not
+                # published: its chain does not start at a sequence's beginning.
+                self.cache_events.add_namespace(self._public_namespace)
         try:
             if max_tokens < 1:
                 raise ValueError("the prompt fills the model's context; no room to generate")

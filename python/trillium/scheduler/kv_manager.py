@@ -10,10 +10,24 @@ Wraps ``_core.BlockAllocator`` and (optionally) ``_core.RadixTree``. Reference o
 
 Only tokens whose K/V are computed (``num_computed_tokens``) are ever inserted: no
 speculative drafts, and never after a failed step.
+
+Namespaces: a request looks up and inserts in its own namespace (model, tenant scope, salt:
+:func:`cache_namespace`), so tenants never share a block; with one exception, declared public
+prefixes (``[prefix_cache] public_prefixes`` under ``--config``). A request whose first
+``Request.public_len`` tokens (whole blocks) are a public text's keeps them in the model's
+public namespace, shared by every tenant, and the rest of its sequence in a namespace derived
+from its own and from those public tokens (:func:`derived_namespace`): the same tokens after a
+different public prefix are a different K/V. A block lives under one node of one namespace, as
+the tree requires, and eviction stays one LRU over every namespace::
+
+    public ns (model):          [P0 P1 P2]                  tokens [0, A): every tenant
+    derived(ns(acme), P..):     [a3 a4]                     tokens [A, ...): acme's alone
+    derived(ns(globex), P..):   [g3]
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
 from typing import TYPE_CHECKING
 
@@ -24,10 +38,25 @@ if TYPE_CHECKING:
     from trillium._core import BlockAllocator, RadixTree
 
 
-def cache_namespace(model: str, cache_salt: str | None) -> int:
-    """A 64-bit prefix-cache namespace: different models or salts never share blocks."""
-    digest = hashlib.blake2b(f"{model}\0{cache_salt or ''}".encode(), digest_size=8).digest()
+def cache_namespace(model: str, cache_salt: str | None, scope: str | None = None) -> int:
+    """A 64-bit prefix-cache namespace: different models, tenant scopes (``AddRequest.
+    cache_scope``) or salts never share blocks. ``scope=None`` (an open server) keeps the
+    namespace every request had before tenants had scopes."""
+    key = f"{model}\0{cache_salt or ''}" if scope is None else f"{model}\0{cache_salt or ''}\0{scope}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # fits a signed int64 too
+
+
+def public_namespace(model: str) -> int:
+    """The namespace of ``model``'s public prefixes (tenant scopes are ``tenant:``/``group:``)."""
+    return cache_namespace(model, None, "public")
+
+
+def derived_namespace(namespace: int, public_tokens: list[int]) -> int:
+    """Where a request of ``namespace`` keeps what follows the public tokens it starts with."""
+    digest = hashlib.blake2b(namespace.to_bytes(8, "little"), digest_size=8)
+    digest.update(array.array("i", public_tokens).tobytes())
+    return int.from_bytes(digest.digest(), "little") >> 1
 
 
 class KVBlockManager:
@@ -63,6 +92,17 @@ class KVBlockManager:
 
     # ---- per request ---------------------------------------------------------------------------
 
+    def set_public_prefix(self, request: Request, public_namespace: int, num_public_tokens: int) -> None:
+        """Mark ``request``'s first ``num_public_tokens`` prompt tokens (a declared public text's, as
+        the frontend counted them) public: their whole blocks, short of the last prompt token, go
+        in ``public_namespace`` (the module docstring). Before the request's first admission."""
+        public_len = min(num_public_tokens, request.num_prompt_tokens - 1) // self.block_size * self.block_size
+        if self.tree is None or public_len == 0:
+            return
+        request.public_len = public_len
+        request.public_namespace = public_namespace
+        request.rest_namespace = derived_namespace(request.cache_namespace, request.prompt_token_ids[:public_len])
+
     def match_prefix(self, request: Request) -> None:
         """Reuse the longest cached prefix for a request that holds no blocks yet.
 
@@ -74,17 +114,27 @@ class KVBlockManager:
         if self.tree is None or request.block_ids or request.pending_prompt_logprobs is not None:
             return
         tokens = request.token_ids_slice(0, request.num_tokens - 1)
-        match = self.tree.match(request.cache_namespace, tokens, lock=True)
-        if match.num_tokens == 0:
-            return
-        block_ids = match.block_ids  # a fresh list per access
-        self.allocator.incref(block_ids)
+        public_len = request.public_len
+        if public_len == 0:
+            match = self.tree.match(request.cache_namespace, tokens, lock=True)
+            block_ids, num_tokens = match.block_ids, match.num_tokens  # a fresh list per access
+        else:
+            match = self.tree.match(request.public_namespace, tokens[:public_len], lock=True)
+            block_ids, num_tokens = match.block_ids, match.num_tokens
+            if num_tokens == public_len:  # the whole public part: then the request's own rest
+                rest = self.tree.match(request.rest_namespace, tokens[public_len:], lock=True)
+                request.rest_handle = rest.handle
+                block_ids += rest.block_ids
+                num_tokens += rest.num_tokens
         request.cache_handle = match.handle
+        if num_tokens == 0:
+            return
+        self.allocator.incref(block_ids)
         request.block_ids = block_ids
-        request.num_computed_tokens = match.num_tokens
+        request.num_computed_tokens = num_tokens
         request.num_inserted_blocks = len(block_ids)
         if request.num_cached_tokens is None:
-            request.num_cached_tokens = match.num_tokens
+            request.num_cached_tokens = num_tokens
 
     def grow(self, request: Request, num_new_tokens: int) -> bool:
         """Give ``request`` blocks for ``num_new_tokens`` more tokens, evicting cached blocks if
@@ -108,7 +158,16 @@ class KVBlockManager:
         if num_full <= request.num_inserted_blocks:
             return
         tokens = request.token_ids_slice(0, num_full * self.block_size)
-        self.tree.insert(request.cache_namespace, tokens, request.block_ids[:num_full])
+        num_public = request.public_len // self.block_size
+        if num_public == 0:
+            self.tree.insert(request.cache_namespace, tokens, request.block_ids[:num_full])
+        else:
+            if request.num_inserted_blocks < num_public:
+                head = min(num_full, num_public)
+                self.tree.insert(request.public_namespace, tokens[: head * self.block_size], request.block_ids[:head])
+            if num_full > num_public:
+                rest = tokens[request.public_len :]
+                self.tree.insert(request.rest_namespace, rest, request.block_ids[num_public:num_full])
         request.num_inserted_blocks = num_full
 
     def trim(self, request: Request) -> None:
@@ -139,10 +198,12 @@ class KVBlockManager:
         False, e.g. after a failed step whose K/V cannot be trusted). Resets its progress."""
         if cache:
             self.commit(request)
-        if request.cache_handle is not None:
+        if request.cache_handle is not None or request.rest_handle is not None:
             assert self.tree is not None  # handles come only from the tree
-            self.tree.unlock(request.cache_handle)
-            request.cache_handle = None
+            for handle in (request.cache_handle, request.rest_handle):
+                if handle is not None:
+                    self.tree.unlock(handle)
+            request.cache_handle = request.rest_handle = None
         if request.block_ids:
             self.allocator.free(request.block_ids)
         request.block_ids = []

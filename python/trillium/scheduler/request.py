@@ -41,6 +41,10 @@ class Request:
         "first_scheduled_time",
         "cache_namespace",
         "cache_handle",
+        "rest_handle",
+        "public_len",
+        "public_namespace",
+        "rest_namespace",
         "num_inserted_blocks",
         "num_cached_tokens",
         "matcher",
@@ -76,6 +80,13 @@ class Request:
         self.first_scheduled_time: float | None = None  # monotonic time of its first step
         self.cache_namespace = cache_namespace  # prefix-cache namespace (model + tenant salt)
         self.cache_handle: int | None = None  # locked prefix-cache node while blocks are held
+        # Declared public prefixes (KVBlockManager.set_public_prefix): the leading prompt tokens,
+        # whole blocks, cached in ``public_namespace`` for every tenant; the rest of the sequence
+        # goes in ``rest_namespace``, whose locked node is ``rest_handle``. 0: none.
+        self.public_len = 0
+        self.public_namespace = 0
+        self.rest_namespace = 0
+        self.rest_handle: int | None = None
         self.num_inserted_blocks = 0  # leading blocks already offered to the prefix cache
         self.num_cached_tokens: int | None = None  # prompt tokens reused at first admission
         self.matcher = matcher  # structured.GrammarMatcher of a constrained request, advanced per kept token

@@ -51,14 +51,16 @@ class GrammarActor(Actor):
                 if isinstance(message, CompileGrammar):
                     with message.reply:  # closed on a failure here; else the compile task owns it
                         await faults.ahit("grammar.message")
-                        nursery.start_soon(self._compile, message.constraint, message.reply.clone())
+                        nursery.start_soon(self._compile, message.constraint, message.scope, message.reply.clone())
                 else:
                     log.error("grammar: unexpected message %r", message)
 
-    async def _compile(self, constraint: StructuredOutputs, reply: trio.MemorySendChannel[GrammarCompiled]) -> None:
+    async def _compile(
+        self, constraint: StructuredOutputs, scope: str | None, reply: trio.MemorySendChannel[GrammarCompiled]
+    ) -> None:
         with reply:
             try:
-                result = GrammarCompiled(await self.compile(constraint))
+                result = GrammarCompiled(await self.compile(constraint, scope))
             except GrammarError as exc:
                 result = GrammarCompiled(None, str(exc))
             self._publish_stats()
@@ -67,16 +69,17 @@ class GrammarActor(Actor):
             except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
                 pass  # the asker went away
 
-    async def compile(self, constraint: StructuredOutputs) -> CompiledGrammar:
-        """The compiled grammar for ``constraint``. Raises GrammarError (malformed, rejected by
-        llguidance, or over the time limit)."""
-        hit = self.compiler.cached(constraint)  # raises GrammarError when malformed
+    async def compile(self, constraint: StructuredOutputs, scope: str | None = None) -> CompiledGrammar:
+        """The compiled grammar for ``constraint``, cached per ``scope`` (the asker's tenant's
+        namespace). Raises GrammarError (malformed, rejected by llguidance, or over the time
+        limit)."""
+        hit = self.compiler.cached(constraint, scope)  # raises GrammarError when malformed
         if hit is not None:
             return hit
         try:
             with trio.fail_after(self.timeout_s):
                 return await trio.to_thread.run_sync(
-                    self.compiler.compile, constraint, limiter=self._limiter, abandon_on_cancel=True
+                    self.compiler.compile, constraint, scope, limiter=self._limiter, abandon_on_cancel=True
                 )
         except trio.TooSlowError:
             self.num_timeouts += 1

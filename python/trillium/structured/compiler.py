@@ -149,7 +149,11 @@ class CompiledGrammar:
 
 
 class GrammarCompiler:
-    """Compiles constraints for one tokenizer, with an LRU cache by content hash."""
+    """Compiles constraints for one tokenizer, with an LRU cache by content hash and scope.
+
+    ``scope`` (the asker's tenant's cache namespace, ``None`` on an open server) is part of the
+    cache key: a tenant's compile is a hit only for a constraint its own scope compiled, so how
+    fast a compile answers says nothing of what other tenants sent."""
 
     def __init__(self, ll_tokenizer: llguidance.LLTokenizer, cache_size: int = CACHE_SIZE) -> None:
         self.ll_tokenizer = ll_tokenizer
@@ -162,15 +166,17 @@ class GrammarCompiler:
         self.num_cache_hits = 0
 
     @staticmethod
-    def key_of(constraint: StructuredOutputs) -> tuple[str, str, str]:
+    def key_of(constraint: StructuredOutputs, scope: str | None = None) -> tuple[str, str, str]:
         """(content hash, kind, text). GrammarError if the constraint is malformed."""
         kind, text = constraint_key(constraint)
-        digest = hashlib.sha256(f"{kind}\0{text}".encode()).hexdigest()
+        key = f"{kind}\0{text}" if scope is None else f"{kind}\0{text}\0{scope}"
+        digest = hashlib.sha256(key.encode()).hexdigest()
         return digest, kind, text
 
-    def cached(self, constraint: StructuredOutputs) -> CompiledGrammar | None:
-        """The cached grammar for ``constraint``, or None. GrammarError if it is malformed."""
-        digest, _, _ = self.key_of(constraint)
+    def cached(self, constraint: StructuredOutputs, scope: str | None = None) -> CompiledGrammar | None:
+        """The cached grammar for ``constraint`` in ``scope``, or None. GrammarError if it is
+        malformed."""
+        digest, _, _ = self.key_of(constraint, scope)
         with self._lock:
             hit = self._cache.get(digest)
             if hit is not None:
@@ -178,13 +184,13 @@ class GrammarCompiler:
                 self.num_cache_hits += 1
             return hit
 
-    def compile(self, constraint: StructuredOutputs) -> CompiledGrammar:
-        """Compile (or fetch) ``constraint``. Blocking: call from a worker thread.
+    def compile(self, constraint: StructuredOutputs, scope: str | None = None) -> CompiledGrammar:
+        """Compile (or fetch) ``constraint`` for ``scope``. Blocking: call from a worker thread.
         Raises GrammarError with llguidance's message when the grammar is rejected."""
-        hit = self.cached(constraint)
+        hit = self.cached(constraint, scope)
         if hit is not None:
             return hit
-        digest, kind, text = self.key_of(constraint)
+        digest, kind, text = self.key_of(constraint, scope)
         checks: CheckNode | CallChecks | None = None
         try:  # keywords llguidance cannot compile are relaxed out and checked
             if kind == "json":
