@@ -21,6 +21,7 @@ class Sink:
 
     def __init__(self) -> None:
         self.records = []
+        self.committed = []  # records whose sender waited for the commit
         self.num_in_flight = 0
 
     def has_room(self) -> bool:
@@ -32,6 +33,11 @@ class Sink:
     def send(self, record) -> None:
         self.num_in_flight -= 1
         self.records.append(record)
+
+    async def commit(self, record) -> bool:
+        self.send(record)
+        self.committed.append(record)
+        return True
 
 
 class Stream:
@@ -125,3 +131,39 @@ def test_finish_twice_sends_one_record(accounting):
         account.fanout = Fanout(Stream(FinishReason.STOP, 1))
         account.finish()
     assert len(accounting.sink.records) == 1 and accounting.sink.num_in_flight == 0
+
+
+async def test_a_committed_record_is_not_sent_again(accounting):
+    """A completed response commits its record before its last bytes; leaving the handler (or the
+    stream's ``finally``) afterwards sends nothing more."""
+    with accounting.admit(REQUEST, chat=True) as account:
+        account.fanout = Fanout(Stream(FinishReason.STOP, 4))
+        await account.finish_committed()
+        account.finish()
+    (record,) = accounting.sink.committed
+    assert accounting.sink.records == [record] and accounting.sink.num_in_flight == 0
+    assert (record.status, record.completion_tokens) == (COMPLETED, 4)
+
+
+async def test_the_committed_record_counts_the_usage_the_response_reported(accounting):
+    """Echo with ``max_tokens: 0`` generates a token the response leaves out of its usage."""
+    with accounting.admit(REQUEST, chat=False) as account:
+        account.fanout = Fanout(Stream(FinishReason.LENGTH, 1))
+        await account.finish_committed(
+            {
+                "prompt_tokens": 7,
+                "completion_tokens": 0,
+                "total_tokens": 7,
+                "prompt_tokens_details": {"cached_tokens": 0},
+            }
+        )
+    (record,) = accounting.sink.committed
+    assert (record.prompt_tokens, record.completion_tokens) == (7, 0)
+
+
+async def test_finish_committed_without_a_sink_finishes():
+    accounting = Accounting("m", Metrics("m", dict))
+    with accounting.admit(REQUEST, chat=True) as account:
+        account.fanout = Fanout(Stream(FinishReason.STOP, 2))
+        await account.finish_committed()
+        assert account.finished

@@ -1,13 +1,18 @@
 """MeteringActor and UsageSink: batched writes, queries after earlier records, slot accounting,
-and no record lost on stop or cancellation (the supervisor stops sinks last)."""
+no record lost on stop or cancellation (the supervisor stops sinks last), and the group commit
+that a completed response waits for (woken only after the commit, never hung by a failing or
+stuck one)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import sqlite3
+import threading
 
 import pytest
 import trio
+import trio.testing
 
 from trillium.metering.actor import MeteringActor
 from trillium.metering.ledger import Ledger
@@ -166,3 +171,120 @@ async def test_supervisor_stops_sinks_after_the_actors_that_feed_them(tmp_path):
         supervisor.request_shutdown()
     assert ledger_totals(path)["acme"].requests == 1
     assert metering.num_written == 1
+
+
+class _SlowWriter:
+    """The writer thread's work (the request log's place in it): each call blocks until released,
+    so that a test can see who waits on a commit that has not happened yet."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.entered = threading.Event()  # a write is in progress
+        self.release = threading.Event()
+        self.fail = fail
+        self.batches: list[list[str]] = []
+
+    def __call__(self, records: list[UsageRecord]) -> None:
+        self.entered.set()
+        assert self.release.wait(30), "never released"
+        if self.fail:
+            raise OSError("disk full")
+        self.batches.append([r.request_id for r in records])
+
+
+async def test_commit_waiters_wake_only_after_their_commit_and_share_one_transaction():
+    writer = _SlowWriter()
+    actor = MeteringActor(None, request_log=writer)
+    woken: dict[int, bool] = {}
+
+    async def commit(i: int) -> None:
+        woken[i] = await actor.sink.commit(record(i))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.run)
+        for _ in range(5):
+            actor.sink.admit()
+        nursery.start_soon(commit, 0)
+        await trio.to_thread.run_sync(writer.entered.wait)  # record 0's transaction is under way
+        for i in range(1, 5):  # they finish while it commits: queued for the next one
+            nursery.start_soon(commit, i)
+        await trio.testing.wait_all_tasks_blocked()
+        assert woken == {} and writer.batches == []
+        writer.release.set()
+        while len(woken) < 5:
+            await trio.sleep(0.01)
+        actor.stop()
+    assert woken == dict.fromkeys(range(5), True)
+    first, second = writer.batches  # group commit: the four queued meanwhile in one transaction
+    assert first == ["cmpl-0"] and sorted(second) == ["cmpl-1", "cmpl-2", "cmpl-3", "cmpl-4"]
+    assert actor.sink.num_in_flight == 0
+
+
+async def test_a_woken_waiter_finds_its_row_committed(tmp_path):
+    """When ``commit`` returns True another connection (``trillium usage``, or the next process
+    after a kill) already reads the row: the transaction is committed, not merely begun."""
+    path = str(tmp_path / "usage.sqlite")
+    actor = MeteringActor(path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.run)
+        actor.sink.admit()
+        assert await actor.sink.commit(record(1, completion=9))
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = db.execute("SELECT request_id, completion_tokens FROM usage").fetchall()
+        finally:
+            db.close()
+        assert rows == [("cmpl-1", 9)]
+        actor.stop()
+
+
+async def test_a_failing_commit_wakes_its_waiter_with_false(caplog):
+    writer = _SlowWriter(fail=True)
+    writer.release.set()
+    actor = MeteringActor(None, request_log=writer)
+    with caplog.at_level(logging.ERROR, logger="trillium.metering"):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(actor.run)
+            actor.sink.admit()
+            with trio.fail_after(10):
+                assert not await actor.sink.commit(record(0))
+            actor.stop()
+    assert "could not write 1 usage records" in caplog.text
+    assert "cmpl-0 could not be committed" in caplog.text
+
+
+async def test_a_stuck_commit_times_out_and_the_record_is_written_later(caplog, autojump_clock):
+    writer = _SlowWriter()
+    actor = MeteringActor(None, request_log=writer, commit_timeout=2.0)
+    with caplog.at_level(logging.ERROR, logger="trillium.metering"):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(actor.run)
+            actor.sink.admit()
+            start = trio.current_time()
+            assert not await actor.sink.commit(record(0))  # the writer never returned
+            assert trio.current_time() - start == pytest.approx(2.0)
+            writer.release.set()
+            actor.stop()
+    assert "cmpl-0 not committed within 2s" in caplog.text
+    assert writer.batches == [["cmpl-0"]] and actor.num_written == 1
+
+
+async def test_a_cancelled_waiter_is_cancelled_and_its_record_still_written():
+    """The client leaves (or a forced shutdown) while its response waits on the commit."""
+    writer = _SlowWriter()
+    actor = MeteringActor(None, request_log=writer)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.run)
+        actor.sink.admit()
+
+        async def cancel_during_the_write() -> None:
+            await trio.to_thread.run_sync(writer.entered.wait)
+            scope.cancel()
+
+        with trio.CancelScope() as scope:
+            nursery.start_soon(cancel_during_the_write)
+            await actor.sink.commit(record(0))
+            pytest.fail("the wait swallowed the cancellation")
+        assert scope.cancelled_caught
+        writer.release.set()
+        actor.stop()
+    assert writer.batches == [["cmpl-0"]] and actor.sink.num_in_flight == 0

@@ -1,16 +1,29 @@
 """MeteringActor: writes every :class:`UsageRecord` to the ledger (and the request log) in batches.
 
-The frontend never waits on the disk: it hands records over with a synchronous, non-blocking
-send (:meth:`UsageSink.send`), and the actor writes whatever has piled up since its last write
-in one transaction, in its own worker thread. Under load the batches simply grow.
+Two ways in. A request whose response completed hands its record over with
+:meth:`UsageSink.commit` and waits until it is committed, *before* the response's last bytes
+go out (``[DONE]``, the final Responses event, a JSON body): a client that read a whole
+response has its request in the ledger even if the server is killed with SIGKILL the next
+moment (WAL with ``synchronous=NORMAL`` survives a process kill once COMMIT returns; see
+``ledger.py``). Every other record (aborted, failed, rejected: no completed response) goes with
+:meth:`UsageSink.send`, synchronous and non-blocking, written soon after.
+
+Group commit: the actor writes whatever has piled up since its last write, waited-for records
+and others alike, in one transaction, in its own worker thread (the event loop never waits on
+the disk), then wakes every waiter of that batch. Under load the batches simply grow: the
+requests that finish while one transaction commits share the next one.
 
 No record is lost: the inbox holds :data:`~trillium.runtime.METERING_INBOX_BOUND` records and
 the frontend admits a request only while a slot is free for its record
-(:meth:`UsageSink.has_room`), counting the requests in flight, so ``send`` never finds the inbox
-full. The supervisor stops this actor after the actors that feed it (a *sink*):
-:meth:`MeteringActor.stop` makes it write what is queued and return. If the actor fails, the
-records it had taken but not written stay in :attr:`MeteringActor.pending` and are written first
-when the supervisor restarts it; the inbox itself survives the restart.
+(:meth:`UsageSink.has_room`), counting the requests in flight, so neither ``send`` nor
+``commit`` ever finds the inbox full; a waiter holds no slot beyond its record's. A commit that
+fails (logged by the actor) or takes longer than :data:`COMMIT_TIMEOUT` wakes its waiter with
+``False``, and the response completes anyway: a ledger in trouble delays responses by at most
+that long and never hangs them. The supervisor stops this actor after the actors that feed it
+(a *sink*): :meth:`MeteringActor.stop` makes it write what is queued and return. If the actor
+fails, the records it had taken but not written stay in :attr:`MeteringActor.pending` and are
+written first (their waiters woken then) when the supervisor restarts it; the inbox itself
+survives the restart.
 """
 
 from __future__ import annotations
@@ -29,18 +42,35 @@ log = logging.getLogger("trillium.metering")
 
 # How long a final flush (shutdown) may take before records are given up with an error log.
 FLUSH_TIMEOUT = 10.0
+# How long a response waits for its record's commit before it completes anyway (error log): a
+# commit takes well under a millisecond; this bounds what a wedged ledger costs each response.
+COMMIT_TIMEOUT = 5.0
+
+
+class Committed:
+    """A record whose sender waits for its commit (:meth:`UsageSink.commit`). ``done`` is set
+    once the transaction holding it committed (``ok``) or failed (``ok`` stays False)."""
+
+    __slots__ = ("done", "ok", "record")
+
+    def __init__(self, record: UsageRecord) -> None:
+        self.record = record
+        self.done = trio.Event()
+        self.ok = False
+
 
 # What the inbox carries; a query is answered with the totals or an error string.
-_Item: TypeAlias = UsageRecord | UsageQuery
+_Item: TypeAlias = UsageRecord | Committed | UsageQuery
 _Answer: TypeAlias = list[TenantUsage] | str
 
 
 class UsageSink:
     """The frontend's end of the metering actor's inbox. Runs on the event loop only."""
 
-    def __init__(self, send: trio.MemorySendChannel[_Item], bound: int) -> None:
+    def __init__(self, send: trio.MemorySendChannel[_Item], bound: int, commit_timeout: float = COMMIT_TIMEOUT) -> None:
         self._send = send
         self._bound = bound
+        self._commit_timeout = commit_timeout
         self.num_in_flight = 0  # admitted requests whose record has not been sent yet
 
     def has_room(self) -> bool:
@@ -58,6 +88,32 @@ class UsageSink:
             self._send.send_nowait(record)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             log.error("usage record lost (metering stopped): %s", record)
+
+    async def commit(self, record: UsageRecord) -> bool:
+        """Hand over the record of a request that :meth:`admit` counted and wait until the
+        transaction holding it has committed: True then. False, with an error log, when the write
+        failed (the record is given up, as :meth:`send`'s would be) or did not finish within the
+        commit timeout (the record stays queued and is written when the ledger can). The wait is
+        not shielded: a cancellation of the caller (its client left, a forced shutdown)
+        propagates, and the record, already queued, is written all the same."""
+        self.num_in_flight -= 1
+        waiter = Committed(record)
+        try:
+            self._send.send_nowait(waiter)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            log.error("usage record lost (metering stopped): %s", record)
+            return False
+        with trio.move_on_after(self._commit_timeout):
+            await waiter.done.wait()
+        if not waiter.done.is_set():
+            log.error(
+                "usage record %s not committed within %.0fs; the response completes without it",
+                record.request_id,
+                self._commit_timeout,
+            )
+        elif not waiter.ok:
+            log.error("usage record %s could not be committed; the response completes without it", record.request_id)
+        return waiter.ok
 
     async def query(self, query: UsageQuery) -> list[TenantUsage]:
         """Per-tenant totals, after every record sent before this call has been written."""
@@ -83,14 +139,17 @@ class MeteringActor(Sink):
         ledger_path: str | None,
         request_log: Callable[[list[UsageRecord]], None] | None = None,
         bound: int = METERING_INBOX_BOUND,
+        commit_timeout: float = COMMIT_TIMEOUT,
+        synchronous: str = "NORMAL",
     ) -> None:
         send, inbox = open_inbox(bound)
         super().__init__(inbox)
         self._inbox = inbox
         self.ledger_path = ledger_path
+        self.synchronous = synchronous  # the ledger's SQLite setting (see Ledger)
         self.request_log = request_log
         self.pending: list[_Item] = []  # taken from the inbox, not yet written (kept across a failure)
-        self.sink = UsageSink(send, bound)
+        self.sink = UsageSink(send, bound, commit_timeout)
         self._ledger: Ledger | None = None
         self._writer = trio.CapacityLimiter(1)  # one ledger call at a time (sqlite connection)
         self._wait_scope: trio.CancelScope | None = None
@@ -100,7 +159,9 @@ class MeteringActor(Sink):
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if self.ledger_path is not None and self._ledger is None:
-            self._ledger = await trio.to_thread.run_sync(Ledger, self.ledger_path, limiter=self._writer)
+            self._ledger = await trio.to_thread.run_sync(
+                Ledger, self.ledger_path, self.synchronous, limiter=self._writer
+            )
             log.info("usage ledger: %s", self.ledger_path)
         task_status.started()
         try:
@@ -153,26 +214,35 @@ class MeteringActor(Sink):
     async def _handle(self, items: list[_Item]) -> None:
         """Write the records in ``items``, answering each query after the records before it."""
         await faults.ahit("metering.write")
-        records: list[UsageRecord] = []
+        batch: list[UsageRecord | Committed] = []
         for item in items:
             if isinstance(item, UsageQuery):
-                await self._write(records)
-                records = []
+                await self._write(batch)
+                batch = []
                 await self._answer(item)
             else:
-                records.append(item)
-        await self._write(records)
+                batch.append(item)
+        await self._write(batch)
 
-    async def _write(self, records: list[UsageRecord]) -> None:
-        if not records:
+    async def _write(self, batch: list[UsageRecord | Committed]) -> None:
+        """One transaction for ``batch``, then wake its waiters (a failure is logged, not raised:
+        the records are given up and their waiters told so)."""
+        if not batch:
             return
+        records = [item.record if isinstance(item, Committed) else item for item in batch]
+        ok = False
         try:
             await trio.to_thread.run_sync(self._write_sync, records, limiter=self._writer)
         except Exception:
             log.exception("metering: could not write %d usage records", len(records))
-            return
-        self.num_written += len(records)
-        self.num_batches += 1
+        else:
+            ok = True
+            self.num_written += len(records)
+            self.num_batches += 1
+        for item in batch:
+            if isinstance(item, Committed):
+                item.ok = ok
+                item.done.set()
 
     def _write_sync(self, records: list[UsageRecord]) -> None:
         if self._ledger is not None:

@@ -3,6 +3,16 @@
 Not thread-safe: one thread at a time may call a :class:`Ledger` (the metering actor runs every
 call in its single writer thread). Other processes may read the file while it is written (WAL:
 readers never block the writer); ``trillium usage`` does so with :func:`open_readonly`.
+
+Durability: once :meth:`Ledger.write` returns, its transaction survives a kill of the process,
+SIGKILL included. In WAL mode with ``synchronous=NORMAL``, COMMIT appends the transaction's pages
+and a commit frame to the ``-wal`` file with ``write()`` before it returns; the operating system
+holds them even if the process dies, and the next open (by any process) replays the WAL. What
+``NORMAL`` does not promise is surviving a power loss or an OS crash (the WAL is fsynced only at
+checkpoints): the last transactions may then be lost, but the database is never corrupted. That
+is the guarantee the server relies on: the record of a request is committed before its response's
+last byte is sent (server/accounting.py), so a response a client read completely has its row even
+if the server is killed the next moment. ``FULL`` would add an fsync to every commit.
 """
 
 from __future__ import annotations
@@ -69,9 +79,13 @@ GROUP BY tenant ORDER BY tenant
 
 
 class Ledger:
-    """Appends :class:`UsageRecord` batches and sums them per tenant."""
+    """Appends :class:`UsageRecord` batches and sums them per tenant. ``synchronous``: SQLite's
+    setting, ``NORMAL`` (the server's: durable against a process kill) or ``FULL`` (an fsync per
+    commit: against power loss too; ``bench/ledger_commit.py`` measures both)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, synchronous: str = "NORMAL") -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
         self.path = path
@@ -79,9 +93,9 @@ class Ledger:
         # each call; the actor guarantees one call at a time.
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode: a committed batch survives a crash of this process (it may be
-        # lost only on power loss or an OS crash), at a fraction of FULL's fsync cost.
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        # NORMAL in WAL mode: a committed batch survives a crash or SIGKILL of this process (it may
+        # be lost only on power loss or an OS crash), at a fraction of FULL's fsync cost.
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.execute("PRAGMA busy_timeout=5000")
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, SCHEMA_VERSION):
@@ -90,7 +104,8 @@ class Ledger:
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def write(self, records: list[UsageRecord]) -> None:
-        """Insert ``records`` in one transaction (all or none)."""
+        """Insert ``records`` in one transaction (all or none); committed -- durable against a
+        process kill -- when this returns, rolled back if it raises."""
         if not records:
             return
         rows = [tuple(getattr(r, c) for c in _COLUMNS) for r in records]

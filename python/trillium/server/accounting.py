@@ -13,6 +13,13 @@ A route handler runs inside ``with accounting.admit(request, chat=...) as accoun
   it at its end, and the response's ASGI call finishes it in any case (a client gone before
   the first byte included). :meth:`RequestAccount.finish` is idempotent, so every admitted
   request yields exactly one record.
+
+A response that completes commits its record before its last bytes go out: the route calls
+:meth:`RequestAccount.finish_committed` once it knows the final usage and only then sends the
+JSON body, the usage chunk and ``[DONE]``, or the final Responses event. So a client that read
+a whole response finds its request in the ledger even after a SIGKILL of the server (the
+metering actor's group commit; metering/actor.py). Every other end (rejected, aborted,
+failed: no completed response) sends its record without waiting, as :meth:`~RequestAccount.finish`.
 """
 
 from __future__ import annotations
@@ -94,7 +101,8 @@ class Accounting:
 
 
 class RequestAccount:
-    """One admitted request's reservations and outcome. Event loop only; never awaits."""
+    """One admitted request's reservations and outcome. Event loop only; nothing awaits but
+    :meth:`finish_committed`."""
 
     def __init__(
         self, accounting: Accounting, request_id: str, tenant: str, quota: TenantQuota | None, endpoint: str
@@ -145,24 +153,43 @@ class RequestAccount:
         return _AccountedStream(self, body, **kwargs)
 
     def finish(self, *, error: BaseException | None = None) -> None:
-        """Release the reservations and send the record (idempotent). ``error``: the exception that
-        ended the handler (APIError, a cancellation, or a bug)."""
+        """Release the reservations and send the record, written soon after (idempotent).
+        ``error``: the exception that ended the handler (APIError, a cancellation, or a bug)."""
+        record = self._close(error, None)
+        sink = self._accounting.sink
+        if record is not None and sink is not None:
+            sink.send(record)
+
+    async def finish_committed(self, usage: dict[str, Any] | None = None) -> None:
+        """Finish a request whose response is complete, before its last bytes are sent: as
+        :meth:`finish`, then wait until the ledger has committed the record (False from
+        ``UsageSink.commit`` -- a failed or timed-out commit, logged there -- lets the response
+        complete all the same). ``usage``: the usage object the response reports, where it is not
+        the fanout's (echo with ``max_tokens: 0`` reports no completion tokens). A no-op once
+        finished; a cancellation during the wait propagates, the record already handed over."""
+        record = self._close(None, usage)
+        sink = self._accounting.sink
+        if record is not None and sink is not None:
+            await sink.commit(record)
+
+    def _close(self, error: BaseException | None, usage: dict[str, Any] | None) -> UsageRecord | None:
+        """Release the reservations, update the metrics and return the record; None if finished."""
         if self.finished:
-            return
+            return None
         self.finished = True
         now = time.monotonic()
         fanout = self.fanout
         if fanout is not None:
             fanout.abort()  # a no-op for finished choices; frees an abandoned request's blocks
-        record = self._record(fanout, error, now)
+        record = self._record(fanout, error, now, usage)
         if self._quota is not None:
             self._quota.finish(self._reserved, record.prompt_tokens + record.completion_tokens)
-        accounting = self._accounting
-        accounting.metrics.observe(record, fanout.streams if fanout is not None else ())
-        if accounting.sink is not None:
-            accounting.sink.send(record)
+        self._accounting.metrics.observe(record, fanout.streams if fanout is not None else ())
+        return record
 
-    def _record(self, fanout: ChoiceFanout | None, error: BaseException | None, now: float) -> UsageRecord:
+    def _record(
+        self, fanout: ChoiceFanout | None, error: BaseException | None, now: float, usage: dict[str, Any] | None
+    ) -> UsageRecord:
         if isinstance(error, APIError):
             http_status = error.status
         elif _is_bug(error):
@@ -183,7 +210,8 @@ class RequestAccount:
         if fanout is None:
             record.status = FAILED if _is_bug(error) else ABORTED if http_status == 499 else REJECTED
             return record
-        usage = fanout.usage()
+        if usage is None:
+            usage = fanout.usage()
         record.prompt_tokens = usage["prompt_tokens"]
         record.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
         record.completion_tokens = usage["completion_tokens"]

@@ -15,7 +15,7 @@ import contextlib
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -83,7 +83,7 @@ class ResponsesRoutes:
 
         if body.stream:
             return account.streaming_response(
-                self._events(fanout, builder, account.finish, keep),
+                self._events(fanout, builder, account.finish_committed, keep),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
@@ -98,12 +98,14 @@ class ResponsesRoutes:
             fanout.abort()
         response = builder.response(fanout.usage())
         keep(response)
+        await account.finish_committed()  # in the ledger before the body goes out
         return json_response(response)
 
     async def _events(
-        self, fanout: ChoiceFanout, builder: ResponseBuilder, finish: Any, keep: Any
+        self, fanout: ChoiceFanout, builder: ResponseBuilder, finish: Callable[[], Awaitable[None]], keep: Any
     ) -> AsyncIterator[bytes]:
-        """The SSE events of a streamed response. No awaits in ``finally`` (see routes._sse_body)."""
+        """The SSE events of a streamed response. No awaits in ``finally`` (see routes._sse_body);
+        ``finish`` commits the record before the final event."""
         try:
             yield _sse(builder.event("response.created", response=builder.response(None, "in_progress")))
             yield _sse(builder.event("response.in_progress", response=builder.response(None, "in_progress")))
@@ -124,7 +126,7 @@ class ResponsesRoutes:
                     return
                 for event in builder.feed(out):
                     yield _sse(event)
-            finish()
+            await finish()
             response = builder.response(fanout.usage())
             keep(response)
             yield _sse(builder.event(f"response.{response['status']}", response=response))

@@ -488,6 +488,7 @@ class Routes:
             )
         response = await _full_response(fanout, shape, echoed)
         account.http_status = response.status_code
+        await account.finish_committed(echoed.usage(fanout.usage()))  # in the ledger before the body goes out
         return response
 
     async def start(
@@ -741,9 +742,10 @@ async def _sse_body(
     fanout: ChoiceFanout, shape: ResponseShape, include_usage: bool, echo: _Echo, account: RequestAccount
 ) -> AsyncIterator[bytes]:
     """SSE events of one request. No awaits in ``finally``: a cancelled generator can't await.
-    The account is finished before the last events, so that a client that has read ``[DONE]``
-    finds the request in the metrics and the ledger. A choice's first chunk carries the echoed
-    prompt and the prompt logprobs asked for."""
+    The account is finished, and its record committed to the ledger, before the last events, so
+    that a client that has read ``[DONE]`` finds the request in the metrics and the ledger, even
+    if the server is killed the next moment. A choice's first chunk carries the echoed prompt and
+    the prompt logprobs asked for."""
     n, per_prompt = fanout.n, fanout.per_prompt
     started = [False] * n
     logprobs = [
@@ -810,7 +812,7 @@ async def _sse_body(
                         unsatisfied_check=out.unsatisfied_check,
                     )
                 )
-        account.finish()
+        await account.finish_committed(echo.usage(fanout.usage()))
         if include_usage:
             yield sse.event(shape.usage_chunk(echo.usage(fanout.usage())))
         yield sse.DONE
