@@ -10,6 +10,10 @@ from typing import Any
 import torch
 
 WEIGHT_FORMATS = ("auto", "quantized", "quantized-int8", "dense")
+# auto: the fastest arithmetic whose quality is measured to hold on this CPU (bench/quality.py,
+# DESIGN.md section 9); exact: fp32 everywhere, bit-faithful to Hugging Face.
+PRECISIONS = ("auto", "exact")
+KV_CACHE_DTYPES = ("auto", "bf16", "fp32")
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 
@@ -160,6 +164,15 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | str | dict[str, object] | None = dataclasses.field(
         default_factory=SpeculativeConfig
     )
+    # The precision policy (DESIGN.md section 9): ``exact`` pins fp32 activations, weights without
+    # int8 rounding and an fp32 KV cache (Hugging Face parity); ``auto`` lets the other choices
+    # take the fast arithmetic measured to hold quality (bench/quality.py). Explicit ``dtype``,
+    # ``weights`` and ``kv_cache_dtype`` override it, and contradicting ``exact`` is an error.
+    precision: str = "auto"
+    # The KV pool's dtype, apart from the compute dtype (vLLM's --kv-cache-dtype). auto: fp32 under
+    # ``precision=exact``, else bf16: half the bytes per token at a mean KL divergence to exact of
+    # 3e-5 and the same top token at every position measured (bench/RESULTS.md, "Precision").
+    kv_cache_dtype: str = "auto"
     # Whether ``dtype`` was ``auto``: the engine may then still pick fp32 for quantized weights.
     dtype_auto: bool = dataclasses.field(default=False, init=False)
 
@@ -167,8 +180,23 @@ class EngineConfig:
         if self.device is None:
             self.device = os.environ.get("TRILLIUM_DEVICE") or "cpu"
         self.device = resolve_device(self.device)
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.precision == "exact":
+            for name, value, wrong in (
+                ("dtype", self.dtype, ("bf16", "bfloat16")),
+                ("weights", self.weights, ("quantized-int8",)),
+                ("kv_cache_dtype", self.kv_cache_dtype, ("bf16",)),
+            ):
+                if value in wrong:
+                    raise ValueError(f"precision exact computes and caches in fp32; {name} {value!r} contradicts it")
+            self.dtype = "fp32" if self.dtype == "auto" else self.dtype
         self.dtype_auto = self.dtype == "auto"
         self.dtype = resolve_dtype(self.dtype, self.device)
+        if self.kv_cache_dtype == "auto":
+            self.kv_cache_dtype = "fp32" if self.precision == "exact" else "bf16"
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.weights not in WEIGHT_FORMATS:
@@ -198,3 +226,7 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def torch_kv_dtype(self) -> torch.dtype:
+        return DTYPES[self.kv_cache_dtype]

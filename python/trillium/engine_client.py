@@ -151,8 +151,11 @@ class EngineClient:
         max_waiting: int = DEFAULT_MAX_WAITING,
         num_kv_tokens: int | None = None,
         block_size: int | None = None,
+        precision: dict[str, str] | None = None,
     ) -> None:
         self.model_name = model_name
+        # What the engine computes with (launch.precision_report): shown in /stats; read-only.
+        self.precision = precision or {}
         self.block_size = block_size  # tokens per KV block (None: unknown); read-only
         self.model_config = model_config
         self.max_model_len = max_model_len
@@ -334,6 +337,7 @@ class EngineClient:
         return {
             **msgspec.structs.asdict(self._scheduler_stats.latest),
             **msgspec.structs.asdict(self._grammar_stats.latest),
+            **self.precision,
         }
 
 

@@ -66,6 +66,9 @@ def resolve_weights(config: EngineConfig, path: str) -> EngineConfig:
         and can_run_quantized(path, torch.float32, device)[0]
     ):
         return dataclasses.replace(config, dtype="fp32", weights="quantized")
+    if config.weights != "auto" and config.dtype_auto and config.dtype != "fp32":
+        # An explicit quantized format implies the fp32 activations its kernels take.
+        config = dataclasses.replace(config, dtype="fp32")
     ok, why = can_run_quantized(path, config.torch_dtype, device, int8_activations=config.weights == "quantized-int8")
     if config.weights != "auto" and not ok:
         raise ValueError(f"--weights {config.weights}: {why}")
@@ -85,6 +88,17 @@ def _check_gpu_support(config: ModelConfig) -> None:
             f"{config.architecture} needs {what}, which the CUDA attention kernel does not implement yet; "
             "serve it with --device cpu"
         )
+
+
+def precision_report(config: EngineConfig) -> dict[str, str]:
+    """What a resolved config computes with (``/stats``, the start-up log, ``trillium inspect``)."""
+    int8 = config.weights == "quantized-int8"
+    return {
+        "precision": config.precision,
+        "activations": "int8" if int8 else config.dtype,
+        "weights": "dense" if config.weights == "dense" else "quantized",
+        "kv_cache_dtype": config.kv_cache_dtype,
+    }
 
 
 class Engine:
@@ -130,11 +144,14 @@ class Engine:
         self.config = config = resolve_weights(config, path)
         quantized = config.weights != "dense"
         int8 = config.weights == "quantized-int8"
+        self.precision = precision_report(config)
         log.info(
-            "loading model from %s (%s activations, %s weights)",
+            "loading model from %s; precision %s: %s activations, %s weights, %s KV cache",
             path,
-            "int8" if int8 else config.dtype,
-            "quantized" if quantized else "dense",
+            config.precision,
+            self.precision["activations"],
+            self.precision["weights"],
+            self.precision["kv_cache_dtype"],
         )
         device = config.device or "cpu"
         self.model, self.model_config = load_model(
@@ -143,7 +160,7 @@ class Engine:
         if device != "cpu":
             _check_gpu_support(self.model_config)
         self.num_blocks = num_blocks = int(config.kv_cache_gib * 2**30) // kv_bytes_per_block(
-            self.model_config, config.block_size, config.torch_dtype
+            self.model_config, config.block_size, config.torch_kv_dtype
         )
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks, config.block_size, config.kv_cache_gib)
         self.runner = ModelRunner(
@@ -153,6 +170,7 @@ class Engine:
             block_size=config.block_size,
             dtype=config.torch_dtype,
             device=device,
+            kv_dtype=config.torch_kv_dtype,
         )
         spec = config.speculative_config
         if device == "cuda" and config.cuda_graphs:
@@ -259,6 +277,7 @@ class Engine:
             max_waiting=config.max_waiting,
             num_kv_tokens=num_blocks * config.block_size,
             block_size=config.block_size,
+            precision=self.precision,
         )
 
     def actors(self) -> list[Actor]:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from trillium.config import EngineConfig
-from trillium.launch import resolve_weights
+from trillium.launch import precision_report, resolve_weights
 from trillium.models.inspect import ModelReport, inspect_model
 from trillium.models.registry import can_run_quantized
 from trillium.ops.cpu_isa import kernel_isa
@@ -77,11 +77,12 @@ def _weights(path: str, report: ModelReport) -> dict[str, Any]:
     )
     width = 4 if config.dtype == "fp32" else 2
     weights_bytes = report.quantized_bytes() if quantized else report.dense_bytes(width)
-    kv = report.kv_bytes_per_token(width)
+    kv = report.kv_bytes_per_token(config.torch_kv_dtype.itemsize)
     default_pool = int(config.kv_cache_gib * 1024**3)  # the default: inspect sets no --kv-cache-gib
     return {
         "weights_auto": config.weights,
         "dtype_auto": config.dtype,
+        "precision": precision_report(config),
         "kernel": kernel_isa() if quantized else "torch",
         "why_dense": why or None,
         "resident_weights_bytes": weights_bytes,
@@ -133,6 +134,11 @@ def print_report(path: str, as_json: bool) -> int:
                 "--weights auto",
                 f"{info['weights_auto']}, {info['dtype_auto']} activations ({info['kernel']} kernel)"
                 + (f"; dense because {info['why_dense']}" if info["why_dense"] else ""),
+            ),
+            (
+                "--precision auto",
+                f"{info['precision']['activations']} activations, {info['precision']['weights']} weights, "
+                f"{info['precision']['kv_cache_dtype']} KV cache (--precision exact: fp32 everywhere)",
             ),
             (
                 "memory",

@@ -35,7 +35,7 @@ LONG = FOX * 3 + (
 def llm():
     # Dense fp32 weights, as the HF oracle dequantizes them (the logits parity test's model).
     llm = LLM(
-        dtype="fp32",
+        precision="exact",
         weights="dense",
         progress=False,
         max_model_len=1024,

@@ -105,3 +105,28 @@ def test_on_a_gpu_weights_are_dense_bf16_by_default(path, monkeypatch):
     assert resolved.weights == "dense" and resolved.dtype == "bf16"
     with pytest.raises(ValueError, match="--weights quantized: quantized kernels take fp32 CPU activations"):
         resolve_weights(EngineConfig(device="cuda", dtype="fp32", weights="quantized"), path)
+
+
+def test_precision_auto_caches_kv_in_bf16_and_exact_pins_fp32_everywhere(path):
+    auto = EngineConfig()
+    assert (auto.precision, auto.kv_cache_dtype, auto.torch_kv_dtype) == ("auto", "bf16", torch.bfloat16)
+    exact = EngineConfig(precision="exact")
+    assert (exact.dtype, exact.kv_cache_dtype) == ("fp32", "fp32") and not exact.dtype_auto
+    assert resolve_weights(exact, path).dtype == "fp32"
+    # Explicit flags override auto, and may not contradict exact (the message names the flag).
+    assert EngineConfig(kv_cache_dtype="fp32").kv_cache_dtype == "fp32"
+    for bad in ({"dtype": "bf16"}, {"weights": "quantized-int8"}, {"kv_cache_dtype": "bf16"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            EngineConfig(precision="exact", **bad)
+    with pytest.raises(ValueError, match="precision"):
+        EngineConfig(precision="fast")
+
+
+def test_an_explicit_quantized_format_implies_fp32_activations(path, monkeypatch):
+    """On a CPU whose auto dtype is bf16, ``--weights quantized`` alone still runs (fp32 activations)."""
+    monkeypatch.setattr("trillium.config.cpu_has_native_bf16", lambda: True)
+    config = EngineConfig(weights="quantized")
+    assert config.dtype == "bf16" and config.dtype_auto
+    if can_run_quantized(path, torch.float32)[0]:
+        resolved = resolve_weights(config, path)
+        assert (resolved.weights, resolved.dtype) == ("quantized", "fp32")

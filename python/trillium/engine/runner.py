@@ -73,12 +73,14 @@ class ModelRunner:
         block_size: int,
         dtype: torch.dtype,
         device: str = "cpu",
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
+        """``dtype``: the model's; ``kv_dtype``: the KV pool's (None: the model's)."""
         self.model = model
         self.config = config
         self.block_size = block_size
         self.device = device
-        self.kv_caches = model.allocate_kv_caches(num_blocks, block_size, dtype, device)
+        self.kv_caches = model.allocate_kv_caches(num_blocks, block_size, kv_dtype or dtype, device)
         self.drafter: Drafter | None = None  # method draft: fills the placeholder drafts
         self.graphs: CudaGraphSteps | None = None  # captured decode/verify steps (CUDA only)
 
