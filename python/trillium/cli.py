@@ -6,9 +6,13 @@ import argparse
 import logging
 import shlex
 import sys
+from typing import TYPE_CHECKING
 
 from trillium.cluster.plan import POLICIES
-from trillium.config import WEIGHT_FORMATS, EngineConfig
+from trillium.config import KV_CACHE_DTYPES, PRECISIONS, WEIGHT_FORMATS, EngineConfig
+
+if TYPE_CHECKING:
+    from trillium.server.tls import ServerTLS
 
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +58,19 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         help="auto: run a GGUF file's Q4_0/Q4_1/Q8_0 weights with the quantized kernel where this "
         "CPU can (fp32, AVX2); quantized-int8: also round activations to int8 (faster, "
         "approximate, as llama.cpp); dense: dequantize at load",
+    )
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=list(PRECISIONS),
+        help="auto: the fastest arithmetic measured to hold quality on this CPU (bf16 KV cache; "
+        "bench/quality.py); exact: fp32 everywhere, bit-faithful to Hugging Face",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=list(KV_CACHE_DTYPES),
+        help="the KV cache's dtype, apart from the compute dtype (auto: bf16, fp32 with --precision exact)",
     )
     parser.add_argument(
         "--no-prefix-cache",
@@ -113,9 +130,27 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_cache=args.enable_prefix_cache,
         kv_events_endpoint=getattr(args, "kv_events_endpoint", None),
         weights=args.weights,
+        precision=args.precision,
+        kv_cache_dtype=args.kv_cache_dtype,
         step_timeout_s=getattr(args, "step_timeout", 30.0),
         **_speculation(getattr(args, "speculative_config", None)),
     )
+
+
+def _server_tls(args: argparse.Namespace) -> ServerTLS | None:
+    """``--ssl-*`` as a checked :class:`ServerTLS` (None without them). Raises ValueError
+    (ConfigError: a file that does not load, named)."""
+    from trillium.server.tls import ServerTLS
+
+    if args.ssl_certfile is None and args.ssl_keyfile is None:
+        if args.ssl_ca_certs is not None:
+            raise ValueError("--ssl-ca-certs needs --ssl-certfile and --ssl-keyfile")
+        return None
+    if args.ssl_certfile is None or args.ssl_keyfile is None:
+        raise ValueError("--ssl-certfile and --ssl-keyfile go together")
+    tls = ServerTLS(args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs)
+    tls.check()
+    return tls
 
 
 def _speculation(flag: str | None) -> dict[str, str]:
@@ -148,6 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         "vllm-router's kv_aware policy (needs trillium[cluster])",
     )
     serve.add_argument("--log-requests", action="store_true", help="print one JSON line per finished request (stderr)")
+    tls_flags = serve.add_argument_group("TLS (HTTPS only; the files are read again on SIGHUP)")
+    tls_flags.add_argument("--ssl-certfile", default=None, metavar="FILE", help="the server's certificate chain (PEM)")
+    tls_flags.add_argument("--ssl-keyfile", default=None, metavar="FILE", help="its private key (PEM)")
+    tls_flags.add_argument(
+        "--ssl-ca-certs",
+        default=None,
+        metavar="FILE",
+        help="CA certificates (PEM): clients must present a certificate signed by one (mutual TLS)",
+    )
     serve.add_argument(
         "--step-timeout",
         type=float,
@@ -260,13 +304,21 @@ def main(argv: list[str] | None = None) -> int:
             limits = InputLimits(
                 **{name: getattr(args, name) for name in _LIMIT_FLAGS if getattr(args, name) is not None}
             )
+            tls = _server_tls(args)
         except ValueError as exc:
             parser.error(str(exc))
         from trillium.cluster.kv_events import EndpointError
 
         try:
             return run_server(
-                config, host=args.host, port=args.port, access=access, log_requests=args.log_requests, limits=limits
+                config,
+                host=args.host,
+                port=args.port,
+                access=access,
+                log_requests=args.log_requests,
+                limits=limits,
+                config_path=args.config,
+                tls=tls,
             )
         except EndpointError as exc:
             parser.error(str(exc))

@@ -13,6 +13,8 @@ from trillium.runtime import Health, Snapshot, Supervisor
 from trillium.server.accounting import Accounting
 from trillium.server.actor import FrontendActor
 from trillium.server.limits import InputLimits
+from trillium.server.reload import ConfigReloader
+from trillium.server.tls import ServerTLS
 
 log = logging.getLogger("trillium")
 
@@ -26,6 +28,8 @@ async def serve_engine(
     access: AccessConfig | None = None,
     log_requests: bool = False,
     limits: InputLimits | None = None,
+    config_path: str | None = None,
+    tls: ServerTLS | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> int:
     """Serve until SIGINT/SIGTERM (or cancellation); reports the bound URLs once listening.
@@ -34,7 +38,9 @@ async def serve_engine(
     ``access`` (tenants, keys, limits, ledger path) turns on API keys, quotas and the usage
     ledger; ``log_requests`` prints one JSON line per finished request; ``limits`` bound what one
     request may ask (default: :class:`InputLimits`' defaults). Either of the first two starts the
-    metering actor, which the supervisor stops last so that it writes every record."""
+    metering actor, which the supervisor stops last so that it writes every record.
+    ``config_path`` (the file ``access`` was read from) and ``tls`` (HTTPS) are read again on
+    SIGHUP and ``POST /v1/admin/reload`` (server/reload.py)."""
     draining = trio.Event()
     metering = None
     if access is not None or log_requests:
@@ -51,14 +57,24 @@ async def serve_engine(
         metering.sink if metering is not None else None,
     )
     health = Snapshot(Health())
+    reloader = ConfigReloader(accounting, config_path, tls)
     frontend = FrontendActor(
-        client, draining, host=host, port=port, accounting=accounting, health=health, limits=limits
+        client,
+        draining,
+        host=host,
+        port=port,
+        accounting=accounting,
+        health=health,
+        limits=limits,
+        tls=tls,
+        reloader=reloader,
     )
     supervisor = Supervisor(
         [*engine.actors(), frontend],
         draining=draining,
         sinks=[metering] if metering is not None else [],
         health=health,
+        on_hangup=reloader.on_hangup,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(lambda task_status: supervisor.run(handle_signals=handle_signals, task_status=task_status))
@@ -74,12 +90,23 @@ def run_server(
     access: AccessConfig | None = None,
     log_requests: bool = False,
     limits: InputLimits | None = None,
+    config_path: str | None = None,
+    tls: ServerTLS | None = None,
 ) -> int:
     engine = Engine(config)
     code = 0
     try:
         code = trio.run(
-            lambda: serve_engine(engine, host=host, port=port, access=access, log_requests=log_requests, limits=limits)
+            lambda: serve_engine(
+                engine,
+                host=host,
+                port=port,
+                access=access,
+                log_requests=log_requests,
+                limits=limits,
+                config_path=config_path,
+                tls=tls,
+            )
         )
     except KeyboardInterrupt:
         log.info("interrupted")

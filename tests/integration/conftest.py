@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -21,9 +22,14 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *extra_args: str, env: dict[str, str] | None = None) -> None:
+    """``verify``: the server speaks HTTPS (``--ssl-*`` among the arguments) and this context trusts it."""
+
+    def __init__(
+        self, *extra_args: str, env: dict[str, str] | None = None, verify: ssl.SSLContext | None = None
+    ) -> None:
         self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.verify = verify
+        self.base_url = f"{'https' if verify else 'http'}://127.0.0.1:{self.port}"
         self.log_path = os.path.join(tempfile.gettempdir(), f"trillium-test-server-{self.port}.log")
         self._log = open(self.log_path, "wb")  # noqa: SIM115  # the server's log for its lifetime; closed in stop()
         self.proc = subprocess.Popen(
@@ -37,7 +43,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited early:\n{self.log()}")
             try:
-                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
+                if httpx.get(self.base_url + "/health", timeout=1, verify=verify or True).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -71,6 +77,15 @@ SERVER_ARGS = ("--dtype", "fp32", "--max-model-len", "2048", "--kv-cache-gib", "
 @pytest.fixture(scope="session")
 def server():
     srv = ServerProcess(*SERVER_ARGS)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def exact_server():
+    """``--precision exact``: fp32 everywhere, for the tests that compare with Hugging Face's fp32
+    logits (the default mode's bf16 KV cache moves them by more than those tests' fp32 bound)."""
+    srv = ServerProcess(*SERVER_ARGS, "--precision", "exact")
     yield srv
     srv.stop()
 

@@ -9,6 +9,7 @@ server accepting it checks the command's hash.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import sqlite3
 import subprocess
@@ -23,6 +24,9 @@ from tests.integration.conftest import SERVER_ARGS, ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
 KEYS = {tenant: f"sk-test-{tenant}" for tenant in ("open", "ledger", "metrics", "rpm", "tpm", "conc", "big")}
+# These tests send wrong keys on purpose, many from one address: a throttle that never bites
+# (tests/integration/test_auth_e2e.py has its own server for it).
+AUTH = {"failures_per_minute": 100_000}
 LIMITS = {
     "rpm": {"requests_per_minute": 3},  # refills one request per 20 s: a burst gets 3, at most 4
     "tpm": {"tokens_per_minute": 40},  # 1-token prompt + 8 tokens: 4 such requests per minute
@@ -43,9 +47,12 @@ def new_admin_key() -> tuple[str, str]:
     return re.search(r"^key:\s+(\S+)$", out, re.M).group(1), re.search(r"^hash:\s+(\S+)$", out, re.M).group(1)
 
 
-def write_config(directory: Path, admin_hash: str, tenants: dict[str, dict] | None = None) -> Path:
+def write_config(
+    directory: Path, admin_hash: str, tenants: dict[str, dict] | None = None, auth: dict | None = None
+) -> Path:
     tenants = tenants if tenants is not None else {t: LIMITS.get(t, {}) for t in KEYS}
     lines = ["[ledger]", 'path = "ledger/usage.sqlite"', "[admin]", f'keys = ["{admin_hash}"]']
+    lines += ["[auth]", *(f"{name} = {json.dumps(value)}" for name, value in (auth or AUTH).items())]
     for tenant, limits in tenants.items():
         lines += [f"[tenants.{tenant}]", f'keys = ["{sha256(KEYS[tenant])}"]']
         lines += [f"{name} = {value}" for name, value in limits.items()]
@@ -108,9 +115,10 @@ def tenant_auth(tenant: str) -> dict:
     return auth(KEYS[tenant])
 
 
-def scrape(client: httpx.Client, base_url: str) -> dict[tuple[str, frozenset], float]:
-    """``GET /metrics`` through prometheus_client's parser: {(sample name, labels): value}."""
-    r = client.get(base_url + "/metrics")
+def scrape(client: httpx.Client, base_url: str, key: str | None = None) -> dict[tuple[str, frozenset], float]:
+    """``GET /metrics`` through prometheus_client's parser: {(sample name, labels): value}. With
+    ``--config`` the per-tenant series need the admin ``key``."""
+    r = client.get(base_url + "/metrics", headers=auth(key) if key else None)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     return {
         (s.name, frozenset(s.labels.items())): s.value

@@ -15,14 +15,17 @@ import time
 import httpx
 import pytest
 
-from tests.integration.metered import MODEL, MeteredServer, sse_lines, tenant_auth
+from tests.integration.metered import MODEL, MeteredServer, auth, sse_lines, tenant_auth
 
 TENANT = "open"
+# /debug/faults and /stats want the admin key under --config: the module's server's, set by `faulty`.
+ADMIN: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory):
     srv = MeteredServer(tmp_path_factory.mktemp("faults"), "--step-timeout", "1", env={"TRILLIUM_FAULT_INJECTION": "1"})
+    ADMIN.update(auth(srv.admin_key))
     yield srv
     srv.stop()
 
@@ -36,14 +39,15 @@ def sent() -> list[str]:
 @pytest.fixture
 def http(faulty):
     with httpx.Client(base_url=faulty.base_url, timeout=60, headers=tenant_auth(TENANT)) as client:
-        client.delete("/debug/faults")
+        client.delete("/debug/faults", headers=ADMIN)
         yield client
         if faulty.process.proc.poll() is None:  # the last test ends the server
-            client.delete("/debug/faults")
+            client.delete("/debug/faults", headers=ADMIN)
 
 
 def arm(http: httpx.Client, point: str, action: str = "raise", times: int = 1) -> None:
-    assert http.post("/debug/faults", json={"point": point, "action": action, "times": times}).status_code == 200
+    armed = http.post("/debug/faults", json={"point": point, "action": action, "times": times}, headers=ADMIN)
+    assert armed.status_code == 200, armed.text
 
 
 def chat(http: httpx.Client, sent: list[str], content: str = "Say hi.", **extra) -> httpx.Response:
@@ -64,7 +68,7 @@ def assert_serving_and_clean(http: httpx.Client, sent: list[str]) -> None:
     while (r := chat(http, sent, "Count to three.")).status_code != 200:
         assert time.monotonic() < deadline, r.text
         time.sleep(0.2)
-    stats = http.get("/stats").json()
+    stats = http.get("/stats", headers=ADMIN).json()
     assert stats["num_requests_running"] == 0 and stats["num_requests_waiting"] == 0
     assert stats["num_blocks_in_use"] == 0, stats
     # Ready again too: a restarted actor is back once its restart back-off has passed, and the
@@ -127,7 +131,7 @@ def test_a_hung_step_turns_health_to_503_until_it_ends(http, sent):
         assert time.monotonic() < deadline, "the watchdog never noticed the hung step"
         time.sleep(0.2)
     assert health.status_code == 503 and "model step running for" in health.json()["reasons"][0]
-    http.delete("/debug/faults")  # the step goes on
+    http.delete("/debug/faults", headers=ADMIN)  # the step goes on
     worker.join(30)
     assert results and results[0].status_code == 200
     deadline = time.monotonic() + 5  # the watchdog looks once a second

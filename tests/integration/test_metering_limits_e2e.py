@@ -110,7 +110,7 @@ def test_requests_per_minute_burst(metered_server):
         error = assert_rate_limited(r, "requests_per_minute", "requests", max_retry_after=60 // limit)
         assert "requests per minute" in error["message"] and "'rpm'" in error["message"]
     with httpx.Client(timeout=60) as client:
-        samples = scrape(client, metered_server.base_url)
+        samples = scrape(client, metered_server.base_url, metered_server.admin_key)
         # Refused at admission: counted in the metrics, no usage record (nothing was admitted).
         assert sample(
             samples, "trillium:tenant_rate_limited_requests_total", tenant="rpm", limit="requests_per_minute"
@@ -184,7 +184,7 @@ def test_concurrent_requests_limit(metered_server):
         # Their slots are free again.
         assert client.post("/v1/completions", json=completion(), headers=tenant_auth("conc")).status_code == 200
         metered_server.wait_for_requests(client, "conc", limit + 1)
-        samples = scrape(client, metered_server.base_url)
+        samples = scrape(client, metered_server.base_url, metered_server.admin_key)
         assert (
             sample(
                 samples, "trillium:tenant_rate_limited_requests_total", tenant="conc", limit="max_concurrent_requests"

@@ -123,7 +123,7 @@ def test_one_record_per_request_with_the_clients_token_counts(http, metered_serv
 
 def test_metrics_counters_move_by_the_usage(http, metered_server):
     tenant = "metrics"
-    before = scrape(http, metered_server.base_url)
+    before = scrape(http, metered_server.base_url, metered_server.admin_key)
     usages = [
         post(http, "/v1/completions", completion("Once upon", max_tokens=4, ignore_eos=True), tenant)["usage"],
         post(http, "/v1/chat/completions", chat("Hi!", max_tokens=4, logit_bias={str(EOS): 100}), tenant)["usage"],
@@ -136,7 +136,7 @@ def test_metrics_counters_move_by_the_usage(http, metered_server):
     ]
     refused = http.post("/v1/completions", json=completion("x", max_tokens=0), headers=tenant_auth(tenant))
     assert refused.status_code == 400
-    after = scrape(http, metered_server.base_url)
+    after = scrape(http, metered_server.base_url, metered_server.admin_key)
 
     def delta(name: str, **labels) -> float:
         return sample(after, name, **labels) - sample(before, name, **labels)

@@ -64,6 +64,7 @@ def test_the_routers_own_parser_takes_the_flags() -> None:
         ({"policy": "fastest"}, "--policy"),
         ({"engine_args": ("--port", "1")}, "--port is set per replica"),
         ({"engine_args": ("--num-threads=4",)}, "--num-threads is set per replica"),
+        ({"engine_args": ("--ssl-certfile", "c.pem")}, "--ssl-certfile: .*terminate TLS in front of the router"),
         ({"router_port": 8001}, "overlap"),
         ({"policy": "kv_aware", "kv_events_port": 8001, "replicas": 1}, "overlap"),
     ],

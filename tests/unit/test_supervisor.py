@@ -5,6 +5,9 @@ Faults are injected with ``trillium.runtime.faults`` at the points the actors de
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 import trio
 import trio.lowlevel
@@ -200,3 +203,25 @@ async def test_ready_only_after_start_and_not_while_draining():
         supervisor.request_shutdown()
         supervisor._publish_health()
         assert not supervisor.health.latest.ready and supervisor.health.latest.live
+
+
+async def test_sighup_runs_the_hangup_callback_and_a_failing_one_keeps_the_server_up():
+    calls = []
+
+    async def on_hangup() -> None:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise RuntimeError("a bad reload")
+
+    flaky = Flaky(fail_times=0)
+    supervisor = Supervisor([flaky], on_hangup=on_hangup)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: supervisor.run(handle_signals=True, task_status=task_status))
+        for expected in (1, 2):
+            os.kill(os.getpid(), signal.SIGHUP)
+            with trio.fail_after(5):
+                while len(calls) < expected:
+                    await trio.sleep(0.01)
+        assert not supervisor.draining.is_set() and supervisor.exit_code == 0
+        supervisor.request_shutdown()
+    assert calls == [0, 1]

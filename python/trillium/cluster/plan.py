@@ -18,6 +18,9 @@ KV_AWARE_TEMPERATURE = 0.01  # see router_argv
 POLICIES = ("cache_aware", "kv_aware", "round_robin", "power_of_two", "consistent_hash", "random")
 # Flags `trillium cluster` sets on every replica itself: passing them through would clash.
 OWNED_ENGINE_FLAGS = ("--host", "--port", "--num-threads", "--kv-events-endpoint")
+# TLS belongs in front of the router, which has no TLS flags of its own (vllm-router 0.1.17) and
+# reaches the replicas, as the supervisor's probes do, over plain HTTP.
+TLS_FLAGS = ("--ssl-certfile", "--ssl-keyfile", "--ssl-ca-certs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +48,11 @@ class ClusterConfig:
             flag = arg.split("=", 1)[0]
             if flag in OWNED_ENGINE_FLAGS:
                 raise ValueError(f"{flag} is set per replica by trillium cluster; leave it out")
+            if flag in TLS_FLAGS:
+                raise ValueError(
+                    f"{flag}: trillium cluster serves plain HTTP (vllm-router has no TLS flags); terminate TLS "
+                    "in front of the router (a reverse proxy, or a Kubernetes ingress) and keep --host private"
+                )
         ports = [self.router_port, self.router_metrics_port, *self.replica_ports()]
         if self.policy == "kv_aware":
             ports += [self.kv_events_port + i for i in range(self.replicas)]

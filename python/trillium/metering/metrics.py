@@ -4,6 +4,10 @@ Request histograms and token counters are updated by the frontend when a request
 (:meth:`Metrics.observe`, a few microseconds); the scheduler's gauges and counters are read
 from its ``stats()`` at scrape time. One :class:`CollectorRegistry` per server, so several
 servers (or tests) in one process do not share series.
+
+Every series about one tenant is named ``trillium:tenant_*`` (:data:`TENANT_PREFIX`): with an
+access config, ``/metrics`` shows them only to the admin key (``exposition(tenants=False)``
+for everyone else), so a new per-tenant series must keep that prefix.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 # fmt: on
+TENANT_PREFIX = "trillium:tenant_"
 # request_success_total{finished_reason}: vLLM's label values.
 FINISHED_REASONS = ("stop", "length", "abort")
 
@@ -158,7 +163,23 @@ class Metrics:
             ["tenant", "limit"],
             registry=r,
         )
+        # API keys (--config): 401s by reason (missing, invalid), and the 429s of throttled addresses.
+        auth_failures = Counter(
+            "trillium:auth_failures",
+            "Requests refused with 401: no API key (missing) or an unknown one (invalid).",
+            ["model_name", "reason"],
+            registry=r,
+        )
+        self.auth_failures = {reason: auth_failures.labels(model_name, reason) for reason in ("missing", "invalid")}
+        self.auth_throttled = Counter(
+            "trillium:auth_throttled_requests",
+            "Requests refused with 429 before their key was read: too many failed authentications from their address.",
+            ["model_name"],
+            registry=r,
+        ).labels(*m)
         r.register(_SchedulerCollector(scheduler_stats, model_name))
+        self._public = CollectorRegistry()
+        self._public.register(_WithoutTenants(r))
 
     def observe(self, record: UsageRecord, streams: Iterable[ChoiceCounts]) -> None:
         """Count one finished request; ``streams`` are its choices' RequestStreams (for the
@@ -189,5 +210,16 @@ class Metrics:
     def rate_limited(self, tenant: str, limit: str) -> None:
         self.tenant_rejected.labels(tenant, limit).inc()
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, *, tenants: bool = True) -> bytes:
+        """The Prometheus text; without the ``trillium:tenant_*`` series unless ``tenants``."""
+        return generate_latest(self.registry if tenants else self._public)
+
+
+class _WithoutTenants:
+    """A registry's metrics less the per-tenant ones (the collector of ``Metrics._public``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        return (m for m in self._registry.collect() if not m.name.startswith(TENANT_PREFIX))

@@ -49,9 +49,22 @@ class TenantQuota:
     def __init__(self, name: str, limits: TenantLimits, clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self.limits = limits
+        self._clock = clock
         self.requests = TokenBucket(limits.requests_per_minute, clock=clock) if limits.requests_per_minute else None
         self.tokens = TokenBucket(limits.tokens_per_minute, clock=clock) if limits.tokens_per_minute else None
         self.num_in_flight = 0
+
+    def update(self, limits: TenantLimits) -> None:
+        """New limits from a reloaded config, in force for the next check. The requests in
+        flight stay counted; a per-minute bucket whose limit is unchanged keeps its level, one
+        whose limit changed starts full at the new size."""
+        old, self.limits = self.limits, limits
+        if limits.requests_per_minute != old.requests_per_minute:
+            rpm = limits.requests_per_minute
+            self.requests = TokenBucket(rpm, clock=self._clock) if rpm else None
+        if limits.tokens_per_minute != old.tokens_per_minute:
+            tpm = limits.tokens_per_minute
+            self.tokens = TokenBucket(tpm, clock=self._clock) if tpm else None
 
     def admit(self) -> None:
         """Count a new request in flight, or raise :class:`LimitExceeded` (nothing taken)."""
@@ -123,7 +136,20 @@ class Quotas:
     """Every tenant's :class:`TenantQuota`, by tenant name."""
 
     def __init__(self, limits: dict[str, TenantLimits], clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self.tenants = {name: TenantQuota(name, lim, clock) for name, lim in limits.items()}
+
+    def update(self, limits: dict[str, TenantLimits]) -> None:
+        """A reloaded config's tenants: one that stays keeps its quota (:meth:`TenantQuota.update`),
+        a new one gets a fresh quota, a removed one is dropped (its requests in flight finish on
+        the quota they hold)."""
+        self.tenants = {name: self._updated(self.tenants.get(name), name, lim) for name, lim in limits.items()}
+
+    def _updated(self, quota: TenantQuota | None, name: str, limits: TenantLimits) -> TenantQuota:
+        if quota is None:
+            return TenantQuota(name, limits, self._clock)
+        quota.update(limits)
+        return quota
 
     def __getitem__(self, tenant: str) -> TenantQuota:
         return self.tenants[tenant]

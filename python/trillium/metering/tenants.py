@@ -15,6 +15,10 @@
     max_concurrent_requests = 16
     max_tokens_per_request = 8192   # prompt + completion (all choices)
 
+    [auth]
+    failures_per_minute = 30        # failed authentications one client address may make (then 429)
+    trusted_proxies = ["127.0.0.1"] # peers whose X-Forwarded-For names the client (addresses or CIDR)
+
 The file holds SHA-256 hashes of keys, never keys: a key is a random string the server hashes
 on each request. Errors name the offending entry (``tenants.acme.keys[0]``).
 """
@@ -22,6 +26,7 @@ on each request. Errors name the offending entry (``tenants.acme.keys[0]``).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 import secrets
@@ -75,12 +80,25 @@ class _Ledger(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     path: str = "usage.sqlite"
 
 
+class AuthSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """``[auth]``: the failed-authentication throttle (server/auth_throttle.py)."""
+
+    failures_per_minute: Positive = 30
+    trusted_proxies: tuple[str, ...] = ()  # networks, normalized ("127.0.0.1/32")
+
+
+class _Auth(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    failures_per_minute: Positive = 30
+    trusted_proxies: list[str] = msgspec.field(default_factory=list)
+
+
 class _File(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Each tenant is converted on its own: msgspec's error paths say `tenants[...]` for a dict
     # value, and an error must name the tenant.
     tenants: dict[str, Any]
     admin: _Admin = msgspec.field(default_factory=_Admin)
     ledger: _Ledger = msgspec.field(default_factory=_Ledger)
+    auth: _Auth = msgspec.field(default_factory=_Auth)
 
 
 class AccessConfig(msgspec.Struct, kw_only=True, frozen=True):
@@ -90,6 +108,7 @@ class AccessConfig(msgspec.Struct, kw_only=True, frozen=True):
     key_hashes: dict[str, str]
     admin_key_hashes: frozenset[str]
     ledger_path: str
+    auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
 
 
 class ConfigError(ValueError):
@@ -160,4 +179,19 @@ def parse_access_config(raw: dict[str, Any], *, base_dir: str, source: str = "co
         key_hashes=owners,
         admin_key_hashes=frozenset(admin),
         ledger_path=os.path.join(base_dir, file.ledger.path),
+        auth=_auth_settings(file.auth, source),
     )
+
+
+def _auth_settings(section: _Auth, source: str) -> AuthSettings:
+    """``[auth]`` with each trusted proxy checked: an address or a network (CIDR)."""
+    networks = []
+    for i, value in enumerate(section.trusted_proxies):
+        try:
+            networks.append(str(ipaddress.ip_network(value.strip(), strict=False)))
+        except ValueError:
+            raise ConfigError(
+                f"{source}: auth.trusted_proxies[{i}]: expected an IP address or network such as "
+                f"'10.0.0.0/8', got {value!r}"
+            ) from None
+    return AuthSettings(failures_per_minute=section.failures_per_minute, trusted_proxies=tuple(networks))

@@ -17,6 +17,9 @@ first, so the frontend stops accepting work and in-flight streams may finish; af
 that only receive, such as the metering actor) start first and stop last: once every other actor
 has returned, so that nothing can send to them any more, each sink's ``stop()`` makes it flush and
 return.
+
+SIGHUP (with ``on_hangup``): the callback runs in its own task (a config reload, as daemons do);
+what it raises is logged, and the server runs on.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import dataclasses
 import logging
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -71,8 +75,10 @@ class Supervisor:
         sinks: list[Sink] | None = None,
         watch_interval: float = 1.0,
         health: Snapshot[Health] | None = None,
+        on_hangup: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.actors = actors
+        self.on_hangup = on_hangup
         self.sinks = sinks or []
         self.drain_timeout = drain_timeout
         self.draining = draining if draining is not None else trio.Event()
@@ -114,7 +120,7 @@ class Supervisor:
                 log.debug("starting %s", actor.name)
                 await nursery.start(self._supervise, actor)
             if handle_signals:
-                nursery.start_soon(self._watch_signals)
+                nursery.start_soon(self._watch_signals, nursery)
             self._started = True
             nursery.start_soon(self._watch)
             task_status.started()
@@ -215,10 +221,16 @@ class Supervisor:
             return None
         return f"{name} has not taken a message for {now - since:.0f} s ({actor.inbox_backlog()} waiting)"
 
-    async def _watch_signals(self) -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    async def _watch_signals(self, nursery: trio.Nursery) -> None:
+        watched = [signal.SIGINT, signal.SIGTERM]
+        if self.on_hangup is not None and hasattr(signal, "SIGHUP"):
+            watched.append(signal.SIGHUP)
+        with trio.open_signal_receiver(*watched) as signals:
             async for signum in signals:
                 log.info("received %s", signal.Signals(signum).name)
+                if signum == getattr(signal, "SIGHUP", None):
+                    nursery.start_soon(self._hangup)
+                    continue
                 if self.draining.is_set():
                     # A second signal: skip the rest of the drain. Cancelling (rather than
                     # raising KeyboardInterrupt) runs the same cleanup, sinks included, and
@@ -228,3 +240,10 @@ class Supervisor:
                         self._actors_scope.cancel()
                     return
                 self.request_shutdown()
+
+    async def _hangup(self) -> None:
+        assert self.on_hangup is not None
+        try:
+            await self.on_hangup()
+        except Exception:
+            log.exception("the SIGHUP handler failed; serving on")

@@ -76,9 +76,29 @@ class Accounting:
     ) -> None:
         self.model_name = model_name
         self.metrics = metrics
-        self.auth = Authenticator(access)
+        self.auth = Authenticator(access, metrics)
         self.quotas = Quotas(access.limits) if access is not None else None
         self.sink = sink
+
+    def reload(self, access: AccessConfig) -> list[str]:
+        """Put a re-read access config in force for every new request: keys, admin keys, tenant
+        limits, ``[auth]`` and whatever else reads ``auth.access`` (cache namespaces). One
+        synchronous swap on the event loop, so no request sees half of each. Requests already
+        admitted finish as they began (their streams run on); a tenant that stays keeps its
+        buckets and in-flight count (:meth:`Quotas.update`). The ledger stays where it is (the
+        metering actor opened it at start): a changed ``[ledger] path`` is ignored until a
+        restart, and said so in the returned warnings."""
+        old = self.auth.access
+        assert old is not None and self.quotas is not None, "a server started without --config has nothing to reload"
+        warnings = []
+        if access.ledger_path != old.ledger_path:
+            warnings.append(
+                f"ledger.path changed to {access.ledger_path}: the ledger stays {old.ledger_path} until a restart"
+            )
+            access = msgspec.structs.replace(access, ledger_path=old.ledger_path)
+        self.quotas.update(access.limits)
+        self.auth.configure(access)
+        return warnings
 
     def admit(self, request: Request, *, chat: bool, endpoint: str | None = None) -> RequestAccount:
         """Authenticate and admit a new request. Raises APIError (401, 429, 503). ``endpoint``

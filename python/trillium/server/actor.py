@@ -2,7 +2,8 @@
 
 On shutdown (``draining`` set by the supervisor) hypercorn stops accepting connections and
 lets in-flight streams finish within ``graceful_timeout``; then ``run`` returns. The frontend is
-never restarted: if the HTTP server itself fails, the process exits non-zero.
+never restarted: if the HTTP server itself fails, the process exits non-zero. With ``tls`` it
+serves HTTPS only (server/tls.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import functools
 import logging
 
 import trio
-from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from trillium.engine_client import EngineClient
@@ -19,6 +19,8 @@ from trillium.runtime import NEVER_RESTART, Actor, Health, Snapshot
 from trillium.server.accounting import Accounting
 from trillium.server.app import build_app
 from trillium.server.limits import InputLimits
+from trillium.server.reload import ConfigReloader
+from trillium.server.tls import HypercornConfig, ServerTLS
 
 log = logging.getLogger("trillium.server")
 
@@ -39,8 +41,12 @@ class FrontendActor(Actor):
         accounting: Accounting | None = None,
         health: Snapshot[Health] | None = None,
         limits: InputLimits | None = None,
+        tls: ServerTLS | None = None,
+        reloader: ConfigReloader | None = None,
     ) -> None:
         super().__init__()
+        self.tls = tls
+        self.reloader = reloader
         self.client = client
         self.health = health
         self.limits = limits
@@ -52,13 +58,13 @@ class FrontendActor(Actor):
         self.bound_urls: list[str] = []
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        config = Config()
+        config = HypercornConfig(self.tls)
         config.bind = [f"{self.host}:{self.port}"]
         config.graceful_timeout = self.graceful_timeout
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
         config.keep_alive_timeout = 75  # long-lived clients (openai's httpx pool) reuse connections
-        app = build_app(self.client, self.draining, self.accounting, self.health, self.limits)
+        app = build_app(self.client, self.draining, self.accounting, self.health, self.limits, self.reloader)
         async with trio.open_nursery() as nursery:
             # hypercorn types the ASGI scope and events as TypedDicts, which Starlette's
             # MutableMapping[str, Any] parameters do not accept; Starlette is a valid ASGI app.

@@ -23,6 +23,7 @@ from trillium.server.limits import BodySizeLimit, InputLimits
 from trillium.server.openapi import openapi_route
 from trillium.server.ops_routes import OpsRoutes
 from trillium.server.page import ChatPage
+from trillium.server.reload import ConfigReloader
 from trillium.server.response_store import ResponseStore
 from trillium.server.responses import ResponsesRoutes
 from trillium.server.routes import Routes, json_response
@@ -85,15 +86,16 @@ def build_app(
     accounting: Accounting | None = None,
     health: Snapshot[Health] | None = None,
     limits: InputLimits | None = None,
+    reloader: ConfigReloader | None = None,
 ) -> Starlette:
     """``accounting`` defaults to an open server (no keys, no ledger) with its own metrics;
     ``health`` (the supervisor's watchdog snapshot) to always live and ready; ``limits`` to
-    :class:`InputLimits`' defaults."""
+    :class:`InputLimits`' defaults; ``reloader`` (``POST /v1/admin/reload``) to none (404)."""
     limits = limits or InputLimits()
     if accounting is None:
         accounting = Accounting(client.model_name, Metrics(client.model_name, client.stats))
     routes = Routes(client, draining, accounting, health or Snapshot(Health(ready=True)), limits)
-    ops = OpsRoutes(accounting)
+    ops = OpsRoutes(accounting, reloader)
     responses = ResponsesRoutes(routes, ResponseStore())
     api = [
         Route("/", ChatPage().serve, methods=["GET"]),
@@ -105,6 +107,7 @@ def build_app(
         Route("/get_server_info", routes.server_info, methods=["GET"]),
         Route("/metrics", ops.metrics, methods=["GET"]),
         Route("/v1/usage", ops.usage, methods=["GET"]),
+        Route("/v1/admin/reload", ops.reload, methods=["POST"]),
         Route("/v1/models", routes.models, methods=["GET"]),
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
         Route("/v1/completions", routes.completions, methods=["POST"]),
@@ -115,9 +118,14 @@ def build_app(
         Route("/tokenize", routes.tokenize, methods=["POST"]),
         Route("/detokenize", routes.detokenize, methods=["POST"]),
     ]
+
+    async def operator_debug_faults(request: Request) -> Response:
+        ops.accounting.auth.require_operator(request)
+        return await debug_faults(request)
+
     # Test-only and undocumented: not in the OpenAPI document.
     debug = (
-        [Route("/debug/faults", debug_faults, methods=["POST", "DELETE"])]
+        [Route("/debug/faults", operator_debug_faults, methods=["POST", "DELETE"])]
         if os.environ.get(faults.ENABLE_ENV) == "1"
         else []
     )

@@ -32,9 +32,11 @@ _ERRORS = {
     400: "Malformed JSON, a value of the wrong type or out of range; `error.param` names the field.",
     401: "Missing or unknown API key (only when the server runs with `--config`).",
     403: "A tenant's API key where the admin key is needed.",
-    404: "Unknown `model` (the server serves one), or no usage ledger.",
+    404: "Unknown `model` (the server serves one), no usage ledger, or no `--config` file.",
     413: "The request body is too large.",
-    429: "Over one of the tenant's limits; retry after `Retry-After` seconds.",
+    422: "The config file is invalid (the message names the entry); the config in force stays.",
+    429: "Over one of the tenant's limits, or too many failed authentications from this address; "
+    "retry after `Retry-After` seconds.",
     500: "Generation failed, or a server bug.",
     503: "Overloaded or shutting down; retry after `Retry-After` seconds.",
 }
@@ -45,7 +47,7 @@ _HEADERS = {
     503: _RETRY_AFTER,
 }
 _GENERATE_ERRORS = (400, 401, 404, 413, 429, 500, 503)
-_TOKENIZE_ERRORS = (400, 401, 404, 413, 500, 503)
+_TOKENIZE_ERRORS = (400, 401, 404, 413, 429, 500, 503)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,22 +86,44 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/get_load"): Operation("get_load", "Requests running plus waiting (vllm-router's load).", ok=(out.Load,)),
     ("POST", "/flush_cache"): Operation(
         "flush_cache",
-        "Drop every cached prefix no running request holds (vllm-router fans it out to workers).",
+        "Drop every cached prefix no running request holds (vllm-router fans it out to workers). "
+        "Admin key with `--config`.",
         ok=(out.CacheFlushed,),
-        errors=(503,),
+        errors=(401, 403, 429, 503),
+        auth=True,
     ),
     ("GET", "/get_server_info"): Operation(
         "get_server_info", "The served model, context length and KV block size.", ok=(out.ServerInfo,)
     ),
     ("GET", "/stats"): Operation(
-        "stats", "Scheduler, KV-pool and grammar counters.", ok=(SchedulerStats, GrammarStats)
+        "stats",
+        "Scheduler, KV-pool and grammar counters. Admin key with `--config`.",
+        ok=(SchedulerStats, GrammarStats),
+        errors=(401, 403, 429),
+        auth=True,
     ),
-    ("GET", "/metrics"): Operation("metrics", "Prometheus metrics.", raw=("text/plain", {"type": "string"})),
+    ("GET", "/metrics"): Operation(
+        "metrics",
+        "Prometheus metrics. With `--config`, the per-tenant series (`trillium:tenant_*`) only with the "
+        "admin key; without a key, the others.",
+        raw=("text/plain", {"type": "string"}),
+        errors=(401, 403, 429),
+        auth=True,
+    ),
+    ("POST", "/v1/admin/reload"): Operation(
+        "reloadConfig",
+        "Re-read the `--config` file and the TLS certificate files (as SIGHUP does): new keys work at "
+        "once, removed keys get 401, running streams finish; an invalid file is refused (422) and the "
+        "config in force stays (admin key).",
+        ok=(out.ConfigReloaded,),
+        errors=(401, 403, 404, 422, 429),
+        auth=True,
+    ),
     ("GET", "/v1/usage"): Operation(
         "usage",
         "Per-tenant usage totals from the ledger (admin key).",
         ok=(out.UsageReport,),
-        errors=(400, 401, 403, 404, 503),
+        errors=(400, 401, 403, 404, 429, 503),
         auth=True,
         query=(
             ("since", "Start: a unix time, an ISO date/time, or an age such as `24h` (default: all)."),
@@ -108,7 +132,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         ),
     ),
     ("GET", "/v1/models"): Operation(
-        "listModels", "The one model this server serves.", ok=(out.ModelList,), errors=(401,), auth=True
+        "listModels", "The one model this server serves.", ok=(out.ModelList,), errors=(401, 429), auth=True
     ),
     ("POST", "/v1/chat/completions"): Operation(
         "createChatCompletion",
@@ -142,7 +166,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "getResponse",
         "A stored response (store=true), while this server keeps it.",
         ok=(out.ResponseObject,),
-        errors=(401, 404),
+        errors=(401, 404, 429),
         auth=True,
         path=_RESPONSE_ID,
     ),
@@ -150,7 +174,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "deleteResponse",
         "Forget a stored response.",
         ok=(out.ResponseDeleted,),
-        errors=(401, 404),
+        errors=(401, 404, 429),
         auth=True,
         path=_RESPONSE_ID,
     ),

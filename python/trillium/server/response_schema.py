@@ -215,6 +215,15 @@ class CacheFlushed(msgspec.Struct, kw_only=True):
     status: Literal["flushing"] = "flushing"
 
 
+class ConfigReloaded(msgspec.Struct, kw_only=True):
+    """``POST /v1/admin/reload``: the re-read config is in force for new requests."""
+
+    status: Literal["reloaded"] = "reloaded"
+    tenants: int  # tenants in the config now in force
+    tls: bool  # the TLS certificate files were loaded again
+    warnings: list[str]  # what was not applied (a changed ledger path: needs a restart)
+
+
 class ServerInfo(msgspec.Struct, kw_only=True):
     """``GET /get_server_info``: what a router or operator needs to know of this worker."""
 

@@ -117,7 +117,8 @@ class Routes:
 
     async def stats(self, request: Request) -> Response:
         """Scheduler, KV-pool and grammar counters as JSON (llama.cpp's ``/slots`` idea; ``/metrics``
-        has the same gauges for Prometheus)."""
+        has the same gauges for Prometheus). Admin key with ``--config``."""
+        self.accounting.auth.require_operator(request)
         return json_response(self.client.stats())
 
     async def load(self, request: Request) -> Response:
@@ -129,7 +130,8 @@ class Routes:
 
     async def flush_cache(self, request: Request) -> Response:
         """Drop the prefix cache's unheld prefixes (applied before the scheduler's next step);
-        503 + Retry-After while its inbox is full."""
+        503 + Retry-After while its inbox is full. Admin key with ``--config``."""
+        self.accounting.auth.require_operator(request)
         try:
             self.client.flush_prefix_cache()
         except EngineOverloaded as exc:
