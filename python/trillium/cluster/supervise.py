@@ -3,7 +3,8 @@ them running; stop everything in order.
 
 - Start: every replica at once; each must answer ``/health/ready`` (a replica that exits or
   times out fails the start, its last output printed). Then vllm-router with the replicas' URLs
-  (plan.router_argv); once it answers ``/v1/models`` through a replica, the one URL is printed.
+  (plan.router_argv); once it answers ``/v1/models`` through a replica (200, or 401 from replicas
+  that want keys: ``--config``), the one URL is printed.
 - A replica that exits, or whose liveness probe (``/health``) fails LIVENESS_FAILURES times in a
   row, is taken out of the router (``POST /remove_worker``), killed if still there, started again
   and, once ready, put back (``POST /add_worker``). Restarts back off from 1 s to 30 s while the
@@ -144,7 +145,8 @@ class Cluster:
         await self.router.start(nursery)
         with trio.move_on_after(READY_TIMEOUT_S):
             while self.router.returncode is None:
-                if await self._get_ok(f"{self.config.url}/v1/models"):
+                # Without a key: a 401 from replicas with --config went through the router all the same.
+                if await self._get_ok(f"{self.config.url}/v1/models", ok=(200, 401)):
                     return True
                 await trio.sleep(POLL_S)
         self.failure = "the router did not start:\n" + self.router.last_lines(15)
@@ -215,9 +217,9 @@ class Cluster:
         except httpx.HTTPError as exc:
             log.warning("router %s %s: %s", action, url, exc)
 
-    async def _get_ok(self, url: str) -> bool:
+    async def _get_ok(self, url: str, ok: tuple[int, ...] = (200,)) -> bool:
         try:
-            return (await self.http.get(url, timeout=2.0)).status_code == 200
+            return (await self.http.get(url, timeout=2.0)).status_code in ok
         except httpx.HTTPError:
             return False
 
