@@ -2,12 +2,20 @@
 
     trillium serve --port 8000 &
     python bench/prefix_cache.py --base-url http://127.0.0.1:8000
+    # a server with --config: one tenant's key, and another's for the cross-tenant probe
+    python bench/prefix_cache.py --api-key sk-example-acme --probe-key sk-example-globex
 
 Each trial builds a fresh ~1,500-token prefix (random words, so it cannot already be cached),
 sends prefix + question A (cold: the whole prompt is prefilled), then prefix + question B
 (warm: only the question is computed). TTFT is the time to the first streamed token. Prints
 one JSON object with the medians and their ratio (target: warm <= 10% of cold), then the
 radix-tree operation rates from ``bench/prefix_cache_ops.py`` (C++ tree vs a Python trie).
+
+Also a multi-turn chat (``--turns``, default 6): each turn sends the conversation so far plus a
+new question, as a chat client does; ``chat_hit_rate`` is cached / prompt tokens over the turns
+after the first (what the prefix cache saves one tenant). With ``--probe-key``, each trial's warm
+prompt is sent again with another tenant's key: ``probe_cached_tokens`` must be 0 and
+``probe_ttft_ms`` a cold prefill's (tenants' namespaces are apart: the prompt-stealing probe).
 """
 
 from __future__ import annotations
@@ -27,6 +35,24 @@ WORDS = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
     "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu"
 ).split()
+
+
+def chat_hit_rate(client: httpx.Client, model: str, turns: int, rng: random.Random) -> float:
+    """Cached / prompt tokens over turns 2..``turns`` of one greedy conversation."""
+    topic = " ".join(rng.choice(WORDS) for _ in range(60))
+    messages = [{"role": "system", "content": f"You answer questions about these words: {topic}"}]
+    prompt = cached = 0
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Question {turn}: which word comes after {rng.choice(WORDS)}?"})
+        body = {"model": model, "messages": messages, "max_tokens": 32, "temperature": 0}
+        r = client.post("/v1/chat/completions", json=body)
+        r.raise_for_status()
+        answer = r.json()
+        messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+        if turn > 0:
+            prompt += answer["usage"]["prompt_tokens"]
+            cached += answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return cached / prompt if prompt else 0.0
 
 
 def ttft(client: httpx.Client, model: str, prompt: str) -> tuple[float, int]:
@@ -60,12 +86,21 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--prefix-words", type=int, default=750, help="about two tokens per word")
     p.add_argument("--quick", action="store_true", help="smoke mode: 1 trial, short prefix")
+    p.add_argument("--turns", type=int, default=6, help="turns of the multi-turn chat (0: none)")
+    p.add_argument("--api-key", help="the tenant's key, on a server with --config")
+    p.add_argument("--probe-key", help="another tenant's key: send each warm prompt again with it")
     args = p.parse_args()
     if args.quick:
-        args.trials, args.prefix_words = 1, 200
+        args.trials, args.prefix_words, args.turns = 1, 200, 2
     rng = random.Random()
-    cold, warm, hits = [], [], []
-    with httpx.Client(base_url=args.base_url, timeout=600) as client:
+    cold, warm, hits, probe, probe_hits = [], [], [], [], []
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    with (
+        httpx.Client(base_url=args.base_url, timeout=600, headers=headers) as client,
+        httpx.Client(
+            base_url=args.base_url, timeout=600, headers={"Authorization": f"Bearer {args.probe_key}"}
+        ) as other,
+    ):
         model = client.get("/v1/models").json()["data"][0]["id"]
         for trial in range(args.trials):
             prefix = " ".join(rng.choice(WORDS) for _ in range(args.prefix_words))
@@ -74,14 +109,25 @@ def main() -> None:
             cold.append(c)
             warm.append(w)
             hits.append(cached)
-            print(f"trial {trial}: cold {c * 1000:.0f} ms, warm {w * 1000:.0f} ms, cached {cached}", file=sys.stderr)
+            line = f"trial {trial}: cold {c * 1000:.0f} ms, warm {w * 1000:.0f} ms, cached {cached}"
+            if args.probe_key:
+                t, n = ttft(other, model, f"{prefix}\nQuestion: what is the last word?")
+                probe.append(t)
+                probe_hits.append(n)
+                line += f"; another tenant: {t * 1000:.0f} ms, cached {n}"
+            print(line, file=sys.stderr)
+        hit_rate = chat_hit_rate(client, model, args.turns, rng) if args.turns > 1 else None
     result = {
         "cold_ttft_ms": round(statistics.median(cold) * 1000, 1),
         "warm_ttft_ms": round(statistics.median(warm) * 1000, 1),
         "ratio": round(statistics.median(warm) / statistics.median(cold), 4),
         "cached_tokens": int(statistics.median(hits)),
+        "chat_hit_rate": None if hit_rate is None else round(hit_rate, 4),
         "trials": args.trials,
     }
+    if probe:
+        result["probe_ttft_ms"] = round(statistics.median(probe) * 1000, 1)
+        result["probe_cached_tokens"] = max(probe_hits)
     print(json.dumps(result), flush=True)
     ops = os.path.join(os.path.dirname(__file__), "prefix_cache_ops.py")
     if os.path.exists(ops):

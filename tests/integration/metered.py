@@ -23,7 +23,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import SERVER_ARGS, ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
-KEYS = {tenant: f"sk-test-{tenant}" for tenant in ("open", "ledger", "metrics", "rpm", "tpm", "conc", "big")}
+KEYS = {
+    tenant: f"sk-test-{tenant}"
+    for tenant in ("open", "ledger", "metrics", "rpm", "tpm", "conc", "big", "acme", "globex", "share1", "share2")
+}
+# Prefix-cache namespaces shared on purpose, and a system prompt cached once for every tenant
+# (tests/integration/test_tenant_isolation_e2e.py).
+GROUPS = {"partners": ["share1", "share2"]}
+PUBLIC_PREFIX = " ".join(f"Public rule {i}: be accurate, brief and kind." for i in range(30))
 # These tests send wrong keys on purpose, many from one address: a throttle that never bites
 # (tests/integration/test_auth_e2e.py has its own server for it).
 AUTH = {"failures_per_minute": 100_000}
@@ -56,6 +63,11 @@ def write_config(
     for tenant, limits in tenants.items():
         lines += [f"[tenants.{tenant}]", f'keys = ["{sha256(KEYS[tenant])}"]']
         lines += [f"{name} = {value}" for name, value in limits.items()]
+    lines += ["[prefix_cache]", f"public_prefixes = {json.dumps([PUBLIC_PREFIX])}"]
+    groups = {name: members for name, members in GROUPS.items() if set(members) <= set(tenants)}
+    if groups:
+        lines.append("[prefix_cache.groups]")
+        lines += [f"{name} = {json.dumps(members)}" for name, members in groups.items()]
     path = directory / "trillium.toml"
     path.write_text("\n".join(lines) + "\n")
     return path

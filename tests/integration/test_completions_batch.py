@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import httpx
 import pytest
 import torch
 
@@ -71,8 +72,10 @@ def test_suffix_stays_a_clear_400(http):
     assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
 
 
-def test_echo_with_logprobs_scores_the_prompt_like_the_hf_oracle(http, hf_reference_dir):  # noqa: F811
+def test_echo_with_logprobs_scores_the_prompt_like_the_hf_oracle(exact_server, hf_reference_dir):  # noqa: F811
     from transformers import AutoModelForCausalLM
+
+    http = httpx.Client(base_url=exact_server.base_url, timeout=120)
 
     prompt = "The quick brown fox jumps over the lazy dog."
     body = complete(http, prompt=prompt, max_tokens=1, echo=True, logprobs=3, prompt_logprobs=3)

@@ -159,3 +159,42 @@ def test_hash_key_stdin(monkeypatch):
         "sha256:5dea1d865bf17e8d7b64aa572e4c77cbe2289cb91f6207c04ee2735985218d8a",  # examples/trillium.toml
         H1,
     ]
+
+
+def test_each_tenant_has_its_own_cache_namespace_unless_grouped(tmp_path):
+    config = load(
+        tmp_path,
+        f"""
+[tenants.acme]
+keys = ["{H1}"]
+[tenants.globex]
+keys = ["{H2}"]
+[tenants.initech]
+keys = ["{hash_key("sk-three")}"]
+[prefix_cache]
+public_prefixes = ["You are a helpful assistant."]
+[prefix_cache.groups]
+partners = ["acme", "globex"]
+""",
+    )
+    assert config.cache_scopes == {"acme": "group:partners", "globex": "group:partners", "initech": "tenant:initech"}
+    assert config.public_prefixes == ("You are a helpful assistant.",)
+    alone = load(tmp_path, f'[tenants.acme]\nkeys = ["{H1}"]\n')
+    assert alone.cache_scopes == {"acme": "tenant:acme"} and alone.public_prefixes == ()
+
+
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ('[prefix_cache.groups]\np = ["acme", "nobody"]', r"prefix_cache\.groups\.p\[1\]: no tenant named 'nobody'"),
+        (
+            '[prefix_cache.groups]\np = ["acme"]\nq = ["acme"]',
+            r"prefix_cache\.groups\.q\[0\]: tenant 'acme' is already in",
+        ),
+        ('[prefix_cache]\npublic_prefixes = [""]', r"prefix_cache\.public_prefixes\[0\]"),
+        ("[prefix_cache]\nshare_everything = true", r"share_everything"),
+    ],
+)
+def test_prefix_cache_section_errors_name_the_entry(tmp_path, section, message):
+    with pytest.raises(ConfigError, match=message):
+        load(tmp_path, f'[tenants.acme]\nkeys = ["{H1}"]\n{section}\n')

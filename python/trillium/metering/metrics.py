@@ -163,6 +163,23 @@ class Metrics:
             ["tenant", "limit"],
             registry=r,
         )
+        # Per prefix-cache namespace (a tenant's, or a [prefix_cache.groups] group's): hits / queries
+        # is the namespace's hit rate. Only with an access config (``cache_scope_of``).
+        self.namespace_cache_queries = Counter(
+            "trillium:tenant_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache, per cache namespace.",
+            ["namespace"],
+            registry=r,
+        )
+        self.namespace_cache_hits = Counter(
+            "trillium:tenant_prefix_cache_hits",
+            "Prompt tokens served from the prefix cache, per cache namespace.",
+            ["namespace"],
+            registry=r,
+        )
+        # tenant -> its cache namespace's name, or None when requests have no namespace of their
+        # own (an open server); the accounting sets it from the access config in force.
+        self.cache_scope_of: Callable[[str], str | None] = lambda tenant: None
         # API keys (--config): 401s by reason (missing, invalid), and the 429s of throttled addresses.
         auth_failures = Counter(
             "trillium:auth_failures",
@@ -196,9 +213,13 @@ class Metrics:
             self.ttft.observe(record.ttft)
         if record.queue_time is not None:
             self.queue.observe(record.queue_time)
+        scope = self.cache_scope_of(record.tenant)
         for stream in streams:
             self.cache_queries.inc(stream.num_prompt_tokens)
             self.cache_hits.inc(stream.num_cached_tokens)
+            if scope is not None:
+                self.namespace_cache_queries.labels(scope).inc(stream.num_prompt_tokens)
+                self.namespace_cache_hits.labels(scope).inc(stream.num_cached_tokens)
             for seconds in stream.inter_token_seconds:
                 self.itl.observe(seconds)
         success = self.success.get(record.finish_reason or "")

@@ -15,9 +15,21 @@
     max_concurrent_requests = 16
     max_tokens_per_request = 8192   # prompt + completion (all choices)
 
+    [prefix_cache]
+    public_prefixes = ["You are a helpful assistant."]  # cached once for every tenant
+
+    [prefix_cache.groups]
+    partners = ["acme", "globex"]   # tenants that share one prefix-cache namespace
+
     [auth]
     failures_per_minute = 30        # failed authentications one client address may make (then 429)
     trusted_proxies = ["127.0.0.1"] # peers whose X-Forwarded-For names the client (addresses or CIDR)
+
+Each tenant's requests hit only prefix-cache blocks its own requests wrote (its namespace), unless
+``[prefix_cache.groups]`` puts it in a group, whose tenants share one namespace: a tenant cannot
+tell from ``cached_tokens`` or from timing what a tenant outside its group sent. The leading
+tokens a prompt shares with a public prefix (as plain text, or as the chat template's system
+message) are cached once for all: that a public text was sent is all another tenant can learn.
 
 The file holds SHA-256 hashes of keys, never keys: a key is a random string the server hashes
 on each request. Errors name the offending entry (``tenants.acme.keys[0]``).
@@ -80,6 +92,11 @@ class _Ledger(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     path: str = "usage.sqlite"
 
 
+class _PrefixCache(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    groups: dict[str, list[str]] = msgspec.field(default_factory=dict)
+    public_prefixes: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(default_factory=list)
+
+
 class AuthSettings(msgspec.Struct, kw_only=True, frozen=True):
     """``[auth]``: the failed-authentication throttle (server/auth_throttle.py)."""
 
@@ -98,16 +115,22 @@ class _File(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tenants: dict[str, Any]
     admin: _Admin = msgspec.field(default_factory=_Admin)
     ledger: _Ledger = msgspec.field(default_factory=_Ledger)
+    prefix_cache: _PrefixCache = msgspec.field(default_factory=_PrefixCache)
     auth: _Auth = msgspec.field(default_factory=_Auth)
 
 
 class AccessConfig(msgspec.Struct, kw_only=True, frozen=True):
-    """The validated file: ``key_hashes`` maps each key's hex digest to its tenant's name."""
+    """The validated file: ``key_hashes`` maps each key's hex digest to its tenant's name;
+    ``cache_scopes`` each tenant to its prefix-cache namespace's name (``tenant:<name>``, or
+    ``group:<name>`` for the tenants of a ``[prefix_cache.groups]`` entry); ``public_prefixes``
+    the texts whose tokens every tenant's requests share."""
 
     limits: dict[str, TenantLimits]
     key_hashes: dict[str, str]
     admin_key_hashes: frozenset[str]
     ledger_path: str
+    cache_scopes: dict[str, str] = msgspec.field(default_factory=dict)
+    public_prefixes: tuple[str, ...] = ()
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
 
 
@@ -179,6 +202,8 @@ def parse_access_config(raw: dict[str, Any], *, base_dir: str, source: str = "co
         key_hashes=owners,
         admin_key_hashes=frozenset(admin),
         ledger_path=os.path.join(base_dir, file.ledger.path),
+        cache_scopes=_cache_scopes(file.prefix_cache, limits, source),
+        public_prefixes=tuple(file.prefix_cache.public_prefixes),
         auth=_auth_settings(file.auth, source),
     )
 
@@ -195,3 +220,20 @@ def _auth_settings(section: _Auth, source: str) -> AuthSettings:
                 f"'10.0.0.0/8', got {value!r}"
             ) from None
     return AuthSettings(failures_per_minute=section.failures_per_minute, trusted_proxies=tuple(networks))
+
+
+def _cache_scopes(section: _PrefixCache, tenants: dict[str, TenantLimits], source: str) -> dict[str, str]:
+    """Each tenant's prefix-cache namespace name: its own, or its group's. A tenant in two groups,
+    or a group naming a tenant the file does not define, is a ConfigError."""
+    scopes = {name: f"tenant:{name}" for name in tenants}
+    grouped: dict[str, str] = {}
+    for group, members in section.groups.items():
+        for i, member in enumerate(members):
+            where = f"{source}: prefix_cache.groups.{group}[{i}]"
+            if member not in tenants:
+                raise ConfigError(f"{where}: no tenant named {member!r} in [tenants]")
+            if member in grouped:
+                raise ConfigError(f"{where}: tenant {member!r} is already in group {grouped[member]!r}")
+            grouped[member] = group
+            scopes[member] = f"group:{group}"
+    return scopes

@@ -79,6 +79,16 @@ class Accounting:
         self.auth = Authenticator(access, metrics)
         self.quotas = Quotas(access.limits) if access is not None else None
         self.sink = sink
+        metrics.cache_scope_of = self.cache_scope
+
+    def cache_scope(self, tenant: str) -> str | None:
+        """The prefix-cache (and grammar-cache) namespace of ``tenant``'s requests: its own, or its
+        ``[prefix_cache.groups]`` group's, read from the access config in force; None on an open
+        server (one shared namespace, as without tenants)."""
+        access = self.auth.access
+        if access is None:
+            return None
+        return access.cache_scopes.get(tenant, f"tenant:{tenant}")
 
     def reload(self, access: AccessConfig) -> list[str]:
         """Put a re-read access config in force for every new request: keys, admin keys, tenant

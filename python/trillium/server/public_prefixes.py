@@ -10,8 +10,6 @@ message (chat).
 
 from __future__ import annotations
 
-import os
-
 from trillium.tokenizer import Tokenizer
 
 
@@ -30,10 +28,7 @@ class PublicPrefixes:
         if texts != self._texts:
             self._forms = [form for text in texts for form in self._token_forms(text)]
             self._texts = texts
-        best = 0
-        for form in self._forms:
-            best = max(best, len(os.path.commonprefix([form, prompt])))
-        return best
+        return max((_common_len(form, prompt) for form in self._forms), default=0)
 
     def _token_forms(self, text: str) -> list[list[int]]:
         tokenizer = self._tokenizer
@@ -48,3 +43,11 @@ class PublicPrefixes:
             else:
                 forms.append(tokenizer.encode(system))
         return [form for i, form in enumerate(forms) if form and form not in forms[:i]]
+
+
+def _common_len(a: list[int], b: list[int]) -> int:
+    """How many leading items ``a`` and ``b`` share."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))

@@ -43,6 +43,7 @@ from trillium.server.openai_shapes import (
     error_payload,
 )
 from trillium.server.openapi import package_version
+from trillium.server.public_prefixes import PublicPrefixes
 from trillium.server.schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -86,6 +87,11 @@ class Routes:
         self.draining = draining
         self.accounting = accounting  # API keys, tenant limits, usage records, metrics
         self._health = health  # the supervisor's watchdog verdict
+
+    @functools.cached_property
+    def public_prefixes(self) -> PublicPrefixes:
+        """The access config's public prefixes as tokens (built on first use, like ``limits``)."""
+        return PublicPrefixes(self.client.tokenizer)
 
     @functools.cached_property
     def limits(self) -> InputLimits:
@@ -404,11 +410,12 @@ class Routes:
         except TokenizeError as exc:
             raise APIError(f"{failure}: {exc}", param=param) from None
 
-    async def _compile_grammar(self, constraint: StructuredOutputs, param: str) -> CompiledGrammar:
+    async def _compile_grammar(self, constraint: StructuredOutputs, param: str, scope: str | None) -> CompiledGrammar:
         """Compile the request's output constraint (each choice gets its own matcher from it);
-        ``param`` is the request field a compile error points at."""
+        ``param`` is the request field a compile error points at; ``scope`` the tenant's cache
+        namespace (the compile cache is kept per namespace)."""
         try:
-            return await self.client.compile_grammar(constraint)
+            return await self.client.compile_grammar(constraint, scope)
         except GrammarError as exc:
             raise APIError(str(exc), param=param, code="invalid_grammar") from None
         except EngineOverloaded as exc:
@@ -507,8 +514,12 @@ class Routes:
         if body.cache_salt is not None and not body.cache_salt:
             raise APIError("cache_salt must be a non-empty string", param="cache_salt")
         grammar = None
+        scope = self.accounting.cache_scope(account.tenant)
+        access = self.accounting.auth.access
+        public = access.public_prefixes if access is not None and body.cache_salt is None else ()
+        num_public = [self.public_prefixes.num_public_tokens(public, prompt) for prompt in prompts]
         if sampling.structured is not None:
-            grammar = await self._compile_grammar(sampling.structured, structured_param(body))
+            grammar = await self._compile_grammar(sampling.structured, structured_param(body), scope)
             try:
                 grammar.check_allowance(sampling)
             except SamplingParamError as exc:
@@ -536,6 +547,8 @@ class Routes:
                 grammar=grammar,
                 tenant=tenant,
                 priority=body.priority,
+                cache_scope=scope,
+                num_public_tokens=num_public[i // body.n],
             )
 
         try:
