@@ -65,7 +65,9 @@ class Authenticator:
     def client_address(self, request: Request) -> str:
         """The address failed authentications count against (server/auth_throttle.py)."""
         trusted = self._trusted_proxies
-        forwarded = ",".join(request.headers.getlist("x-forwarded-for")) or None if trusted else None
+        forwarded = None
+        if trusted:  # read only when it may count
+            forwarded = ",".join(request.headers.getlist("x-forwarded-for")) or None
         peer = request.scope.get("client")  # (host, port); not request.client, a new tuple per call
         return client_address(peer[0] if peer else None, forwarded, trusted)
 
