@@ -28,7 +28,7 @@ def files(tmp_path):
 
 def test_a_served_context_speaks_h2_and_http11_and_ca_certs_require_client_certificates(files):
     config = HypercornConfig(ServerTLS(files["cert"], files["key"], files["ca"]))
-    assert config.ssl_enabled
+    assert config.ssl_enabled and config.ssl_handshake_timeout == 10
     context = config.create_ssl_context()
     assert context.verify_mode == ssl.CERT_REQUIRED and context.minimum_version == ssl.TLSVersion.TLSv1_2
     assert config.create_ssl_context() is not context  # hypercorn asks once; the last one is kept

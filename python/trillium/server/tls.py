@@ -26,6 +26,9 @@ from trillium.metering.tenants import ConfigError
 
 ALPN_PROTOCOLS = ["h2", "http/1.1"]
 CIPHERS = "ECDHE+AESGCM"  # hypercorn's default
+# A connection that has not finished its handshake by then is dropped (hypercorn's default, 60 s,
+# lets idle connections that never say a word hold sockets for a minute each).
+HANDSHAKE_TIMEOUT_S = 10
 
 
 class ServerTLS:
@@ -85,6 +88,7 @@ class HypercornConfig(Config):
             self.certfile = tls.certfile
             self.keyfile = tls.keyfile
             self.ca_certs = tls.ca_certs
+            self.ssl_handshake_timeout = HANDSHAKE_TIMEOUT_S
 
     def create_ssl_context(self) -> ssl.SSLContext | None:
         return self._tls.serving_context() if self._tls is not None else None
