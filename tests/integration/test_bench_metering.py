@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -51,3 +53,25 @@ def test_micro_quick_run():
     row = json.loads(proc.stdout.splitlines()[-1])
     assert row["requests"] == 500
     assert row["open_us_per_request"] > 0 and row["metered_us_per_request"] > 0 and row["ledger_us_per_record"] > 0
+
+
+def test_ledger_commit_quick_run():
+    """``bench/ledger_commit.py --quick``: in process, every setting commits or sends every record."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "ledger_commit.py"), "--quick", "--waiters", "1", "8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines()[1:]]
+    assert [(r["mode"], r["synchronous"], r["waiters"]) for r in rows] == [
+        (mode, sync, waiters) for mode in ("commit", "send") for sync in ("NORMAL", "FULL") for waiters in (1, 8)
+    ]
+    for row in rows:
+        assert row["records"] == 256 and row["records_per_s"] > 0
+        committed = row["mode"] == "commit"
+        assert (row["wait_p50_us"] is not None) == committed
+        if committed:  # one transaction per record alone; shared by the waiters finishing together
+            assert row["records_per_transaction"] == (1.0 if row["waiters"] == 1 else pytest.approx(8, abs=4))
