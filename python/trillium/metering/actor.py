@@ -107,12 +107,12 @@ class UsageSink:
             await waiter.done.wait()
         if not waiter.done.is_set():
             log.error(
-                "usage record %s not committed within %.0fs; the response completes without it",
+                "usage record %s not committed within %.0fs; the response completes without waiting for it",
                 record.request_id,
                 self._commit_timeout,
             )
         elif not waiter.ok:
-            log.error("usage record %s could not be committed; the response completes without it", record.request_id)
+            log.error("usage record %s could not be committed; the response completes all the same", record.request_id)
         return waiter.ok
 
     async def query(self, query: UsageQuery) -> list[TenantUsage]:
