@@ -166,8 +166,10 @@ def test_operator_routes_want_the_admin_key(keyed):
         assert "num_requests_running" in http.get("/stats", headers=admin).json()
         public = http.get("/metrics")
         assert public.status_code == 200
-        assert "trillium:tenant_" not in public.text  # no other tenant's activity or prompt lengths
-        assert "trillium:prompt_tokens_total" in public.text and "trillium:auth_failures_total" in public.text
+        # The load gauges alone: nothing of any tenant's activity or prompt lengths, summed or not.
+        assert "vllm:num_requests_running" in public.text and "trillium:kv_cache_usage_perc" in public.text
+        for private in ("trillium:tenant_", "trillium:prompt_tokens_total", "time_to_first_token", "prefix_cache"):
+            assert private not in public.text, private
         assert http.get("/metrics", headers=tenant).status_code == 403
         assert sample(scrape(http, keyed.base_url, keyed.admin_key), "trillium:tenant_requests_total",
                       tenant="acme", status="completed") >= 1  # fmt: skip

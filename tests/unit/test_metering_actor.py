@@ -79,7 +79,40 @@ async def test_what_is_queued_is_written_on_the_way_out(tmp_path, how):
         else:
             nursery.cancel_scope.cancel()
     assert ledger_totals(path)["acme"].requests == 20
-    assert actor.stats() == {"num_usage_records_written": 20, "num_usage_batches": actor.num_batches}
+    assert actor.stats() == {
+        "num_usage_records_written": 20,
+        "num_usage_batches": actor.num_batches,
+        "num_usage_records_lost": 0,
+    }
+
+
+async def test_a_failed_transaction_is_tried_again_and_a_failing_request_log_loses_nothing(tmp_path, monkeypatch):
+    """A database busy for two tries: the batch is written on the third and its waiter told so;
+    the request log raising after the commit changes nothing of that."""
+    from trillium.metering.ledger import Ledger
+
+    real_write, failures = Ledger.write, [2]
+
+    def flaky_write(self, records):
+        if failures[0]:
+            failures[0] -= 1
+            raise sqlite3.OperationalError("database is locked")
+        real_write(self, records)
+
+    def broken_log(records):
+        raise OSError("stderr closed")
+
+    monkeypatch.setattr(Ledger, "write", flaky_write)
+    path = str(tmp_path / "usage.sqlite")
+    actor = MeteringActor(path, request_log=broken_log)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.run)
+        actor.sink.admit()
+        with trio.fail_after(10):
+            assert await actor.sink.commit(record(0))
+        actor.stop()
+    assert failures == [0] and actor.num_written == 1 and actor.num_lost == 0
+    assert ledger_totals(path)["acme"].requests == 1
 
 
 def test_sink_reserves_a_slot_per_request_in_flight():

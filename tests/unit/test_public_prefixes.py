@@ -3,7 +3,10 @@ as the chat template's system message, with the real tokenizer."""
 
 from __future__ import annotations
 
-from trillium.server.public_prefixes import PublicPrefixes
+import array
+import random
+
+from trillium.server.public_prefixes import PublicPrefixes, _common_len
 
 PUBLIC = "You are a careful assistant. Answer in one sentence."
 
@@ -31,3 +34,12 @@ def test_a_chat_whose_system_message_is_the_text_shares_the_whole_system_turn(to
     assert prefixes.num_public_tokens((PUBLIC,), other) < 5
     # The texts in force change (a config reload): the new ones count.
     assert prefixes.num_public_tokens(("Be terse.",), other) > 5
+
+
+def test_the_shared_length_matches_a_plain_scan_on_random_sequences(random_seed):
+    rng = random.Random(random_seed)
+    for _ in range(500):
+        a = [rng.randint(-2, 3) for _ in range(rng.randint(0, 40))]
+        b = a[: rng.randint(0, len(a))] + [rng.randint(-2, 3) for _ in range(rng.randint(0, 6))]
+        want = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert _common_len(array.array("i", a).tobytes(), array.array("i", b).tobytes()) == want

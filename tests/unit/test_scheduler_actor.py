@@ -19,7 +19,7 @@ from trillium.protocol import AbortRequest, AddRequest, FinishReason, SamplingPa
 from trillium.runtime import Mailbox, MailboxClosed, Supervisor, open_inbox
 from trillium.scheduler import SchedulerConfig, SchedulerPolicy
 from trillium.scheduler.actor import SchedulerActor, merge_deltas
-from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace
+from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace, public_namespace
 
 BLOCK = 4
 
@@ -395,4 +395,39 @@ async def test_tenant_scopes_never_share_cached_blocks_and_their_events_are_publ
         assert sink.namespaces == published
         assert {e.namespace for e in sink.journal if e.kind == "stored"} >= published
         actor.policy.kv.check_invariants()
+        supervisor.request_shutdown()
+
+
+async def test_a_public_prefix_is_published_whole_its_rest_chained_to_it():
+    """A request whose first blocks are a declared public prefix's: the public chain is published
+    from position 0, and the rest (its derived namespace) chained to the public chain's last block,
+    so a router indexes one sequence."""
+    send, recv = open_inbox(8)
+    allocator = _core.BlockAllocator(64)
+    tree = _core.RadixTree(allocator, BLOCK)
+    tree.record_events = True
+    sink = RecordingSink()
+    config = SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset({0}))
+    actor = SchedulerActor(config, KVBlockManager(allocator, BLOCK, tree), SlowExecutor(BLOCK), recv, cache_events=sink)
+    supervisor = Supervisor([actor])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: supervisor.run(handle_signals=False, task_status=task_status))
+        box = submit(
+            send,
+            "p",
+            prompt_len=4 * BLOCK + 1,
+            max_tokens=2,
+            cache_scope="tenant:acme",
+            num_public_tokens=2 * BLOCK + 1,
+        )
+        await collect(box)
+        await settle(actor)
+        public = public_namespace(config.model_key)
+        stored = [e for e in sink.journal if e.kind == "stored"]
+        head = [e for e in stored if e.namespace == public]
+        rest = [e for e in stored if e.namespace not in (public,)]
+        assert len(head) == 1 and head[0].parent_block_id == -1 and head[0].tokens == list(range(50, 50 + 2 * BLOCK))
+        assert rest and rest[0].parent_block_id == head[0].block_ids[-1]
+        assert rest[0].tokens[:BLOCK] == list(range(50 + 2 * BLOCK, 50 + 3 * BLOCK))
+        assert {public, rest[0].namespace} <= sink.namespaces
         supervisor.request_shutdown()

@@ -45,6 +45,9 @@ FLUSH_TIMEOUT = 10.0
 # How long a response waits for its record's commit before it completes anyway (error log): a
 # commit takes well under a millisecond; this bounds what a wedged ledger costs each response.
 COMMIT_TIMEOUT = 5.0
+# Pauses before a failed ledger transaction is tried again (then its records are given up):
+# about what a busy or briefly locked database needs, within COMMIT_TIMEOUT.
+WRITE_RETRY_S = (0.05, 0.25, 1.0)
 
 
 class Committed:
@@ -156,6 +159,7 @@ class MeteringActor(Sink):
         self._stopping = False
         self.num_written = 0
         self.num_batches = 0
+        self.num_lost = 0  # records given up after every try failed
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if self.ledger_path is not None and self._ledger is None:
@@ -201,7 +205,11 @@ class MeteringActor(Sink):
             self._wait_scope.cancel()
 
     def stats(self) -> dict[str, int]:
-        return {"num_usage_records_written": self.num_written, "num_usage_batches": self.num_batches}
+        return {
+            "num_usage_records_written": self.num_written,
+            "num_usage_batches": self.num_batches,
+            "num_usage_records_lost": self.num_lost,
+        }
 
     def _drain(self) -> list[_Item]:
         items: list[_Item] = []
@@ -225,29 +233,49 @@ class MeteringActor(Sink):
         await self._write(batch)
 
     async def _write(self, batch: list[UsageRecord | Committed]) -> None:
-        """One transaction for ``batch``, then wake its waiters (a failure is logged, not raised:
-        the records are given up and their waiters told so)."""
+        """One transaction for ``batch``, then wake its waiters. A failed transaction (a busy
+        database, a full disk) is tried again after :data:`WRITE_RETRY_S` pauses, meanwhile the
+        inbox fills and new requests get 503; after the last try the records are given up, logged
+        and counted (``num_lost``), and their waiters told so (each has let its response go
+        after ``COMMIT_TIMEOUT`` anyway). With a ledger, the request log is written after the
+        transaction (given up or not), and its failure is only logged: it never makes a committed
+        record look lost."""
         if not batch:
             return
         records = [item.record if isinstance(item, Committed) else item for item in batch]
         ok = False
-        try:
-            await trio.to_thread.run_sync(self._write_sync, records, limiter=self._writer)
-        except Exception:
-            log.exception("metering: could not write %d usage records", len(records))
-        else:
-            ok = True
-            self.num_written += len(records)
-            self.num_batches += 1
+        for attempt, pause in enumerate((*WRITE_RETRY_S, None)):
+            try:
+                await trio.to_thread.run_sync(self._commit, records, limiter=self._writer)
+            except Exception:
+                if pause is None:
+                    log.exception("metering: could not write %d usage records (%d tries)", len(records), attempt + 1)
+                    self.num_lost += len(records)
+                    break
+                log.warning("metering: writing %d usage records failed (try %d); again in %gs",
+                            len(records), attempt + 1, pause, exc_info=True)  # fmt: skip
+                await trio.sleep(pause)
+            else:
+                ok = True
+                self.num_written += len(records)
+                self.num_batches += 1
+                break
         for item in batch:
             if isinstance(item, Committed):
                 item.ok = ok
                 item.done.set()
+        if self._ledger is not None and self.request_log is not None:  # logged, committed or not
+            try:
+                await trio.to_thread.run_sync(self.request_log, records, limiter=self._writer)
+            except Exception:
+                log.exception("metering: could not log %d finished requests", len(records))
 
-    def _write_sync(self, records: list[UsageRecord]) -> None:
+    def _commit(self, records: list[UsageRecord]) -> None:
+        """The durable write: the ledger's transaction, or without a ledger the request log (the
+        only record there is)."""
         if self._ledger is not None:
             self._ledger.write(records)
-        if self.request_log is not None:
+        elif self.request_log is not None:
             self.request_log(records)
 
     async def _answer(self, query: UsageQuery) -> None:

@@ -5,9 +5,11 @@ Request histograms and token counters are updated by the frontend when a request
 from its ``stats()`` at scrape time. One :class:`CollectorRegistry` per server, so several
 servers (or tests) in one process do not share series.
 
-Every series about one tenant is named ``trillium:tenant_*`` (:data:`TENANT_PREFIX`): with an
-access config, ``/metrics`` shows them only to the admin key (``exposition(tenants=False)``
-for everyone else), so a new per-tenant series must keep that prefix.
+With an access config, ``/metrics`` without the admin key shows the load gauges only
+(:data:`LOAD_GAUGES`: what routers and autoscalers read; ``exposition(tenants=False)``): every
+other series -- token counters, latency histograms, prefix-cache hits, per tenant or summed over
+all -- tells, under light traffic, the prompt lengths and cache hits of other tenants' requests.
+Every series about one tenant is named ``trillium:tenant_*`` (:data:`TENANT_PREFIX`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 # fmt: on
 TENANT_PREFIX = "trillium:tenant_"
+# What /metrics shows without the admin key under --config: how loaded the engine is, nothing of
+# any request (vLLM's names too: routers written for vLLM workers read them).
+LOAD_GAUGES = frozenset(
+    f"{prefix}:{name}"
+    for prefix in ("trillium", "vllm")
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
+)
 # request_success_total{finished_reason}: vLLM's label values.
 FINISHED_REASONS = ("stop", "length", "abort")
 
@@ -196,7 +205,7 @@ class Metrics:
         ).labels(*m)
         r.register(_SchedulerCollector(scheduler_stats, model_name))
         self._public = CollectorRegistry()
-        self._public.register(_WithoutTenants(r))
+        self._public.register(_LoadOnly(r))
 
     def observe(self, record: UsageRecord, streams: Iterable[ChoiceCounts]) -> None:
         """Count one finished request; ``streams`` are its choices' RequestStreams (for the
@@ -232,15 +241,15 @@ class Metrics:
         self.tenant_rejected.labels(tenant, limit).inc()
 
     def exposition(self, *, tenants: bool = True) -> bytes:
-        """The Prometheus text; without the ``trillium:tenant_*`` series unless ``tenants``."""
+        """The Prometheus text: every series, or only the load gauges unless ``tenants``."""
         return generate_latest(self.registry if tenants else self._public)
 
 
-class _WithoutTenants:
-    """A registry's metrics less the per-tenant ones (the collector of ``Metrics._public``)."""
+class _LoadOnly:
+    """A registry's load gauges alone (the collector of ``Metrics._public``)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
 
     def collect(self) -> Iterator[Metric]:
-        return (m for m in self._registry.collect() if not m.name.startswith(TENANT_PREFIX))
+        return (m for m in self._registry.collect() if m.name in LOAD_GAUGES)

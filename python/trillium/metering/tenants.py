@@ -22,7 +22,7 @@
     partners = ["acme", "globex"]   # tenants that share one prefix-cache namespace
 
     [auth]
-    failures_per_minute = 30        # failed authentications one client address may make (then 429)
+    failures_per_minute = 30        # failed authentications one client address may make (then 429; 0: off)
     trusted_proxies = ["127.0.0.1"] # peers whose X-Forwarded-For names the client (addresses or CIDR)
 
 Each tenant's requests hit only prefix-cache blocks its own requests wrote (its namespace), unless
@@ -53,6 +53,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 _HASH = re.compile(r"(?:sha256:)?([0-9a-fA-F]{64})")
 _T = TypeVar("_T")
@@ -100,12 +101,13 @@ class _PrefixCache(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class AuthSettings(msgspec.Struct, kw_only=True, frozen=True):
     """``[auth]``: the failed-authentication throttle (server/auth_throttle.py)."""
 
-    failures_per_minute: Positive = 30
+    # 0: no throttle (replicas behind a router that throttles, or that hides client addresses)
+    failures_per_minute: NonNegative = 30
     trusted_proxies: tuple[str, ...] = ()  # networks, normalized ("127.0.0.1/32")
 
 
 class _Auth(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    failures_per_minute: Positive = 30
+    failures_per_minute: NonNegative = 30
     trusted_proxies: list[str] = msgspec.field(default_factory=list)
 
 

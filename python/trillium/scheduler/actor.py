@@ -21,11 +21,12 @@ Watchdog: :meth:`SchedulerActor.liveness` reports a step that has run longer tha
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import time
 import weakref
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -59,6 +60,29 @@ class Executor(Protocol):
 
     def reset(self) -> None:
         """Forget every request (after a failure; the KV pool is rebuilt empty)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainedEvent:
+    """A journalled 'stored' event of a derived namespace, its first block chained to the public
+    block its sequence continues (the C++ event says -1: the namespace's own root)."""
+
+    kind: str
+    namespace: int
+    block_ids: list[int]
+    parent_block_id: int
+    tokens: list[int]
+
+
+def rechain(events: list[CacheEvent], parents: dict[int, int]) -> list[Any]:
+    """``events`` with each derived namespace's root 'stored' event chained to its public parent."""
+    if not parents:
+        return list(events)
+    out: list[Any] = []
+    for e in events:
+        parent = parents.get(e.namespace) if e.kind == "stored" and e.parent_block_id < 0 else None
+        out.append(e if parent is None else ChainedEvent(e.kind, e.namespace, e.block_ids, parent, e.tokens))
+    return out
 
 
 class CacheEventSink(Protocol):
@@ -267,10 +291,11 @@ class SchedulerActor(Actor):
         if message.num_public_tokens:
             self.policy.kv.set_public_prefix(request, self._public_namespace, message.num_public_tokens)
             if self.cache_events is not None and request.public_len:
-                # Public blocks start at position 0: a router indexes them as any prefix. What
-                # follows them (a derived namespace, tokens from position public_len) is not
-                # published: its chain does not start at a sequence's beginning.
+                # The public blocks start at position 0; what follows them (a derived namespace,
+                # from position public_len on) is published chained to the public chain's last
+                # block (_publish_cache_events), so a router sees the whole sequence.
                 self.cache_events.add_namespace(self._public_namespace)
+                self.cache_events.add_namespace(request.rest_namespace)
         try:
             if max_tokens < 1:
                 raise ValueError("the prompt fills the model's context; no room to generate")
@@ -419,13 +444,14 @@ class SchedulerActor(Actor):
         tree = self.policy.kv.tree
         if self.cache_events is None or tree is None:
             return
+        parents = self.policy.kv.chain_parents
         events = tree.take_events()
         if events:
-            self.cache_events.publish(events)
+            self.cache_events.publish(rechain(events, parents))
         if self.cache_events.snapshot_wanted():
             self.cache_events.cleared()
             tree.journal_cached()
-            self.cache_events.publish(tree.take_events())
+            self.cache_events.publish(rechain(tree.take_events(), parents))
 
     def _publish_stats(self) -> None:
         """Publish the counters as a new immutable snapshot (a few microseconds), after the prefix

@@ -66,6 +66,9 @@ class KVBlockManager:
         self.allocator = allocator
         self.block_size = block_size
         self.tree = prefix_cache  # a _core.RadixTree over ``allocator``, or None (disabled)
+        # derived namespace -> the public block its sequence continues (the last one the request
+        # that inserted it had): where a router chains a derived namespace's first block.
+        self.chain_parents: dict[int, int] = {}
 
     # ---- accounting ----------------------------------------------------------------------------
 
@@ -168,6 +171,7 @@ class KVBlockManager:
             if num_full > num_public:
                 rest = tokens[request.public_len :]
                 self.tree.insert(request.rest_namespace, rest, request.block_ids[num_public:num_full])
+                self.chain_parents[request.rest_namespace] = request.block_ids[num_public - 1]
         request.num_inserted_blocks = num_full
 
     def trim(self, request: Request) -> None:

@@ -6,7 +6,9 @@ that needs a key, a valid key included, before the key is looked at: a key guess
 nothing from what it sends meanwhile, and the guessing rate of one address is bounded. A request
 from another address is unaffected. The count leaks away continuously, ``failures_per_minute``
 per 60 s (a token bucket of failures), so a throttled address may try again after
-``60 / failures_per_minute`` s and sustain that rate, never more.
+``60 / failures_per_minute`` s and sustain that rate, never more. ``failures_per_minute = 0``
+turns it off: behind a proxy that hides client addresses (vllm-router adds no
+``X-Forwarded-For``) one key guesser would otherwise get every client throttled.
 
 The address is the socket peer. ``X-Forwarded-For`` counts only when the peer is one of
 ``trusted_proxies``, and then its rightmost entry that is not itself a trusted proxy: the
@@ -55,6 +57,8 @@ class AuthThrottle:
     def retry_after(self, address: str) -> float:
         """Seconds until ``address`` may present a key again; 0.0 when it may now. Forgets an
         address whose count has leaked away."""
+        if self.failures_per_minute == 0:  # throttling off
+            return 0.0
         count = self._count(address, self._clock())
         if count == 0.0:
             self._failures.pop(address, None)
@@ -63,7 +67,10 @@ class AuthThrottle:
         return excess / self._rate if excess > 0 else 0.0
 
     def failed(self, address: str) -> None:
-        """Count one failed authentication from ``address``."""
+        """Count one failed authentication from ``address`` (nothing while throttling is off)."""
+        if self.failures_per_minute == 0:
+            self._failures.clear()
+            return
         now = self._clock()
         self._failures[address] = (self._count(address, now) + 1.0, now)
         self._failures.move_to_end(address)
@@ -102,7 +109,9 @@ def client_address(peer: str | None, forwarded_for: str | None, trusted: tuple[N
     for hop in reversed(hops):
         if not _trusted(hop, trusted):
             return _counted_as(hop)
-    return _counted_as(hops[0]) if hops else _counted_as(peer)
+    # Every entry a trusted proxy: the nearest one's (the rightmost); a client-written entry
+    # further left would let the client pick its count.
+    return _counted_as(hops[-1]) if hops else _counted_as(peer)
 
 
 def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

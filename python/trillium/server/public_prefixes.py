@@ -10,6 +10,8 @@ message (chat).
 
 from __future__ import annotations
 
+import array
+
 from trillium.tokenizer import Tokenizer
 
 
@@ -20,15 +22,18 @@ class PublicPrefixes:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
         self._texts: tuple[str, ...] = ()
-        self._forms: list[list[int]] = []
+        self._forms: list[bytes] = []  # each form's token ids as int32 bytes
 
     def num_public_tokens(self, texts: tuple[str, ...], prompt: list[int]) -> int:
         """The longest run of ``prompt``'s leading tokens that one form of one of ``texts`` also
         starts with (0 when ``texts`` is empty)."""
         if texts != self._texts:
-            self._forms = [form for text in texts for form in self._token_forms(text)]
+            self._forms = [array.array("i", form).tobytes() for text in texts for form in self._token_forms(text)]
             self._texts = texts
-        return max((_common_len(form, prompt) for form in self._forms), default=0)
+        if not self._forms:
+            return 0
+        ids = array.array("i", prompt).tobytes()
+        return max(_common_len(form, ids) for form in self._forms)
 
     def _token_forms(self, text: str) -> list[list[int]]:
         tokenizer = self._tokenizer
@@ -45,9 +50,15 @@ class PublicPrefixes:
         return [form for i, form in enumerate(forms) if form and form not in forms[:i]]
 
 
-def _common_len(a: list[int], b: list[int]) -> int:
-    """How many leading items ``a`` and ``b`` share."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
+def _common_len(a: bytes, b: bytes) -> int:
+    """How many leading int32 token ids ``a`` and ``b`` share: a binary search over slice
+    comparisons, each at memcmp speed (a per-token Python loop over a long public text and a
+    batch of prompts would hold the event loop for a noticeable time)."""
+    lo, hi = 0, min(len(a), len(b)) // 4  # a[:4 * lo] == b[:4 * lo] holds; past hi it cannot
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[: 4 * mid] == b[: 4 * mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
