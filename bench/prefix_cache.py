@@ -116,7 +116,8 @@ def main() -> None:
                 probe_hits.append(n)
                 line += f"; another tenant: {t * 1000:.0f} ms, cached {n}"
             print(line, file=sys.stderr)
-        hit_rate = chat_hit_rate(client, model, args.turns, rng) if args.turns > 1 else None
+        # The same conversation every run (greedy, a fixed topic): hit rates compare across runs.
+        hit_rate = chat_hit_rate(client, model, args.turns, random.Random(0)) if args.turns > 1 else None
     result = {
         "cold_ttft_ms": round(statistics.median(cold) * 1000, 1),
         "warm_ttft_ms": round(statistics.median(warm) * 1000, 1),

@@ -21,8 +21,9 @@ decode kernels' rows). ``--decode-windows`` bounds the second (it costs a step p
 Modes (``trillium.models.load_model``): ``exact`` = dense fp32 (the Hugging Face parity path, the
 reference); ``quantized`` = the file's quantized blocks with fp32 activations; ``quantized-int8``
 = activations rounded to int8 per block (llama.cpp's way); ``bf16`` = dense bf16 weights and
-activations; ``fp32-kv-bf16`` = exact arithmetic over a bf16 KV cache. A mode this file or CPU
-cannot run is reported with the reason. Prints one JSON object per mode, then a table; the
+activations; ``fp32-kv-bf16`` = exact arithmetic over a bf16 KV cache; ``auto`` = what the
+server's default flags (``--precision auto``) resolve to for this file on this CPU. A mode this
+file or CPU cannot run is reported with the reason. Prints one JSON object per mode, then a table; the
 contract (DESIGN.md section 9): ``kld <= 0.005``, ``top1 >= 0.98``, ``ppl <= 1.01 x exact's``.
 """
 
@@ -42,6 +43,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe
+from trillium.config import EngineConfig
+from trillium.launch import resolve_weights
 from trillium.models import default_model_path, load_model
 from trillium.ops.attention import AttentionMetadata
 from trillium.tokenizer import load_tokenizer
@@ -56,6 +59,7 @@ MODES = {
     "quantized-int8": (torch.float32, True, True, None),
     "bf16": (torch.bfloat16, False, False, None),
     "fp32-kv-bf16": (torch.float32, False, False, torch.bfloat16),
+    "auto": (torch.float32, False, False, None),  # resolved per file and CPU: auto_mode()
 }
 CONTRACT = {"kld": 0.005, "top1": 0.98, "ppl_ratio": 1.01}
 
@@ -116,8 +120,15 @@ class Runner:
         return torch.cat(rows)
 
 
+def auto_mode(path: str) -> tuple[torch.dtype, bool, bool, torch.dtype | None]:
+    """What ``trillium serve --model path`` computes with by default, as a MODES entry."""
+    config = resolve_weights(EngineConfig(model=path, speculative_config=None), path)
+    quantized, int8 = config.weights != "dense", config.weights == "quantized-int8"
+    return config.torch_dtype, quantized, int8, config.torch_kv_dtype
+
+
 def load(path: str, mode: str) -> tuple[Runner | None, str | None]:
-    dtype, quantized, int8, kv_dtype = MODES[mode]
+    dtype, quantized, int8, kv_dtype = auto_mode(path) if mode == "auto" else MODES[mode]
     try:
         model, _ = load_model(path, dtype, progress=False, quantized=quantized, int8_activations=int8)
     except ValueError as exc:

@@ -1,0 +1,49 @@
+"""The default precision's rounding, held to its measured quality: ``bench/quality.py``'s windows
+of the held text, the default mode (``--precision auto``: a bf16 KV cache) against exact fp32.
+
+The full text's figure is in bench/RESULTS.md ("Precision, first step"); here two windows, in one
+prefill pass and one token per decode step, must stay within 2x of it: a kernel change that
+rounds more than the default's measured contract fails here, not in a user's answers."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from trillium.config import EngineConfig
+from trillium.models import default_model_path
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+from quality import HELD_TEXT, Score, load
+
+# Mean KL divergence to exact of the default mode over the whole held text (bench/RESULTS.md).
+FULL_TEXT_KLD = 4.0e-5
+WINDOWS = 2
+
+
+@pytest.fixture(scope="module")
+def windows():
+    from trillium.tokenizer import load_tokenizer
+
+    with open(HELD_TEXT, encoding="utf-8") as f:
+        ids = load_tokenizer(default_model_path()).encode(f.read())
+    return [ids[i * 512 : (i + 1) * 512] for i in range(WINDOWS)]
+
+
+def test_the_default_precision_stays_within_its_measured_divergence(windows):
+    assert EngineConfig().precision == "auto"
+    exact, _ = load(default_model_path(), "exact")  # dense fp32: the Hugging Face parity path
+    fast, _ = load(default_model_path(), "auto")  # what `trillium serve` computes with by default
+    assert exact is not None and fast is not None
+    prefill, decode = Score(), Score()
+    for window in windows:
+        targets = torch.tensor(window[len(window) // 2 + 1 :])
+        reference = exact.prefill(window)
+        prefill.add(fast.prefill(window), targets, reference)
+        decode.add(fast.decode(window), targets, reference)
+    for path, score in (("prefill", prefill.result()), ("decode", decode.result())):
+        assert score["kld"] <= 2 * FULL_TEXT_KLD, (path, score)
+        assert score["top1"] >= 0.98, (path, score)
