@@ -364,10 +364,8 @@ async def test_an_update_that_may_search_runs_off_the_event_loop(monkeypatch):
     assert allocator.num_free_blocks == allocator.num_total_blocks
 
 
-async def test_tenant_scopes_never_share_cached_blocks_and_their_events_are_published():
-    """The same prompt from two tenant scopes: the second computes it all (0 cached tokens); from
-    the first scope again, it hits. Each unsalted scope's namespace is published for the router; a
-    salted request's is not."""
+def journaling_actor():
+    """(its inbox, a scheduler whose prefix cache journals to a RecordingSink, the sink)."""
     send, recv = open_inbox(8)
     allocator = _core.BlockAllocator(64)
     tree = _core.RadixTree(allocator, BLOCK)
@@ -375,6 +373,15 @@ async def test_tenant_scopes_never_share_cached_blocks_and_their_events_are_publ
     sink = RecordingSink()
     config = SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset({0}))
     actor = SchedulerActor(config, KVBlockManager(allocator, BLOCK, tree), SlowExecutor(BLOCK), recv, cache_events=sink)
+    return send, actor, sink
+
+
+async def test_tenant_scopes_never_share_cached_blocks_and_their_events_are_published():
+    """The same prompt from two tenant scopes: the second computes it all (0 cached tokens); from
+    the first scope again, it hits. Each unsalted scope's namespace is published for the router; a
+    salted request's is not."""
+    send, actor, sink = journaling_actor()
+    config = actor.policy.config
     supervisor = Supervisor([actor])
 
     async def cached_tokens(rid: str, **fields) -> int:
@@ -402,13 +409,8 @@ async def test_a_public_prefix_is_published_whole_its_rest_chained_to_it():
     """A request whose first blocks are a declared public prefix's: the public chain is published
     from position 0, and the rest (its derived namespace) chained to the public chain's last block,
     so a router indexes one sequence."""
-    send, recv = open_inbox(8)
-    allocator = _core.BlockAllocator(64)
-    tree = _core.RadixTree(allocator, BLOCK)
-    tree.record_events = True
-    sink = RecordingSink()
-    config = SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset({0}))
-    actor = SchedulerActor(config, KVBlockManager(allocator, BLOCK, tree), SlowExecutor(BLOCK), recv, cache_events=sink)
+    send, actor, sink = journaling_actor()
+    config = actor.policy.config
     supervisor = Supervisor([actor])
     async with trio.open_nursery() as nursery:
         await nursery.start(lambda task_status: supervisor.run(handle_signals=False, task_status=task_status))
