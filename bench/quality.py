@@ -21,7 +21,8 @@ decode kernels' rows). ``--decode-windows`` bounds the second (it costs a step p
 Modes (``trillium.models.load_model``): ``exact`` = dense fp32 (the Hugging Face parity path, the
 reference); ``quantized`` = the file's quantized blocks with fp32 activations; ``quantized-int8``
 = activations rounded to int8 per block (llama.cpp's way); ``bf16`` = dense bf16 weights and
-activations; ``fp32-kv-bf16`` = exact arithmetic over a bf16 KV cache; ``auto`` = what the
+activations; ``fp32-kv-bf16`` = exact arithmetic over a bf16 KV cache; ``quantized-kv-bf16`` =
+``quantized`` over a bf16 KV cache (``--kv-cache-dtype bf16``); ``auto`` = what the
 server's default flags (``--precision auto``) resolve to for this file on this CPU. A mode this
 file or CPU cannot run is reported with the reason. Prints one JSON object per mode, then a table; the
 contract (DESIGN.md section 9): ``kld <= 0.005``, ``top1 >= 0.98``, ``ppl <= 1.01 x exact's``.
@@ -59,6 +60,7 @@ MODES = {
     "quantized-int8": (torch.float32, True, True, None),
     "bf16": (torch.bfloat16, False, False, None),
     "fp32-kv-bf16": (torch.float32, False, False, torch.bfloat16),
+    "quantized-kv-bf16": (torch.float32, True, False, torch.bfloat16),  # --kv-cache-dtype bf16
     "auto": (torch.float32, False, False, None),  # resolved per file and CPU: auto_mode()
 }
 CONTRACT = {"kld": 0.005, "top1": 0.98, "ppl_ratio": 1.01}

@@ -169,10 +169,13 @@ class EngineConfig:
     # take the fast arithmetic measured to hold quality (bench/quality.py). Explicit ``dtype``,
     # ``weights`` and ``kv_cache_dtype`` override it, and contradicting ``exact`` is an error.
     precision: str = "auto"
-    # The KV pool's dtype, apart from the compute dtype (vLLM's --kv-cache-dtype). auto: fp32 under
-    # ``precision=exact``, else bf16: half the bytes per token at a mean KL divergence to exact of
-    # 4e-5, the same top token at 99.7% of positions, and faster decode steps on AVX2 (the K/V
-    # reads halve; bench/RESULTS.md, "Precision, first step").
+    # The KV pool's dtype, apart from the compute dtype (vLLM's --kv-cache-dtype). auto: the compute
+    # dtype. bf16 (opt-in) holds the quality contract -- a mean KL divergence to exact of 4e-5, the
+    # same top token at 99.7% of positions -- with half the bytes per token and decode steps
+    # 1.07-1.43x faster on AVX2 (bench/RESULTS.md, "Precision, first step"); it is not the CPU
+    # default yet because rounding K/V to bf16 magnifies the last-bit differences between a
+    # prompt computed in one chunk and one resumed from the prefix cache (4e-5 -> 1e-2 in the
+    # logits), so a seeded sample may differ between the two.
     kv_cache_dtype: str = "auto"
     # Whether ``dtype`` was ``auto``: the engine may then still pick fp32 for quantized weights.
     dtype_auto: bool = dataclasses.field(default=False, init=False)
@@ -196,8 +199,6 @@ class EngineConfig:
             self.dtype = "fp32" if self.dtype == "auto" else self.dtype
         self.dtype_auto = self.dtype == "auto"
         self.dtype = resolve_dtype(self.dtype, self.device)
-        if self.kv_cache_dtype == "auto":
-            self.kv_cache_dtype = "fp32" if self.precision == "exact" else "bf16"
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.weights not in WEIGHT_FORMATS:
@@ -229,5 +230,10 @@ class EngineConfig:
         return DTYPES[self.dtype]
 
     @property
+    def kv_dtype(self) -> str:
+        """The KV pool's dtype: ``kv_cache_dtype``, or for ``auto`` the compute dtype (see there)."""
+        return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
+
+    @property
     def torch_kv_dtype(self) -> torch.dtype:
-        return DTYPES[self.kv_cache_dtype]
+        return DTYPES[self.kv_dtype]

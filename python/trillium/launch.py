@@ -97,7 +97,7 @@ def precision_report(config: EngineConfig) -> dict[str, str]:
         "precision": config.precision,
         "activations": "int8" if int8 else config.dtype,
         "weights": "dense" if config.weights == "dense" else "quantized",
-        "kv_cache_dtype": config.kv_cache_dtype,
+        "kv_cache_dtype": config.kv_dtype,
     }
 
 

@@ -107,14 +107,16 @@ def test_on_a_gpu_weights_are_dense_bf16_by_default(path, monkeypatch):
         resolve_weights(EngineConfig(device="cuda", dtype="fp32", weights="quantized"), path)
 
 
-def test_precision_auto_caches_kv_in_bf16_and_exact_pins_fp32_everywhere(path):
+def test_the_kv_cache_dtype_follows_the_compute_dtype_unless_given_and_exact_pins_fp32(path):
     auto = EngineConfig()
-    assert (auto.precision, auto.kv_cache_dtype, auto.torch_kv_dtype) == ("auto", "bf16", torch.bfloat16)
+    assert (auto.precision, auto.kv_cache_dtype) == ("auto", "auto")
+    assert resolve_weights(auto, path).kv_dtype == resolve_weights(auto, path).dtype
     exact = EngineConfig(precision="exact")
-    assert (exact.dtype, exact.kv_cache_dtype) == ("fp32", "fp32") and not exact.dtype_auto
+    assert (exact.dtype, exact.kv_dtype) == ("fp32", "fp32") and not exact.dtype_auto
     assert resolve_weights(exact, path).dtype == "fp32"
     # Explicit flags override auto, and may not contradict exact (the message names the flag).
-    assert EngineConfig(kv_cache_dtype="fp32").kv_cache_dtype == "fp32"
+    bf16 = EngineConfig(dtype="fp32", kv_cache_dtype="bf16")
+    assert (bf16.kv_dtype, bf16.torch_kv_dtype) == ("bf16", torch.bfloat16)
     for bad in ({"dtype": "bf16"}, {"weights": "quantized-int8"}, {"kv_cache_dtype": "bf16"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             EngineConfig(precision="exact", **bad)

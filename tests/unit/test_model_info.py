@@ -25,9 +25,9 @@ def test_the_default_model():
     assert info["chat_template"] and info["tool_calls"].startswith("hermes") and not info["fill_in_the_middle"]
     quantized = can_run_quantized(path, torch.float32)[0]
     assert info["weights_auto"] == ("quantized" if quantized else "dense")
-    # The KV cache's dtype is its own (--kv-cache-dtype): bf16 under --precision auto.
-    assert info["precision"]["kv_cache_dtype"] == "bf16"
-    assert info["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 2
+    # The KV cache's dtype (--kv-cache-dtype auto): the compute dtype.
+    assert info["precision"]["kv_cache_dtype"] == info["dtype_auto"]
+    assert info["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * (4 if info["dtype_auto"] == "fp32" else 2)
     # quantized weights take less than dense fp32 ones, and more than the file's projections
     assert info["file_bytes"] * 0.9 < info["resident_weights_bytes"] < info["parameters"] * 4
 

@@ -120,7 +120,9 @@ class Supervisor:
                 log.debug("starting %s", actor.name)
                 await nursery.start(self._supervise, actor)
             if handle_signals:
-                nursery.start_soon(self._watch_signals, nursery)
+                # Started (its receiver installed) before we report started: a signal sent right
+                # after start-up must not meet the default handler (SIGHUP's ends the process).
+                await nursery.start(self._watch_signals, nursery)
             self._started = True
             nursery.start_soon(self._watch)
             task_status.started()
@@ -221,11 +223,14 @@ class Supervisor:
             return None
         return f"{name} has not taken a message for {now - since:.0f} s ({actor.inbox_backlog()} waiting)"
 
-    async def _watch_signals(self, nursery: trio.Nursery) -> None:
+    async def _watch_signals(
+        self, nursery: trio.Nursery, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         watched = [signal.SIGINT, signal.SIGTERM]
         if self.on_hangup is not None and hasattr(signal, "SIGHUP"):
             watched.append(signal.SIGHUP)
         with trio.open_signal_receiver(*watched) as signals:
+            task_status.started()
             async for signum in signals:
                 log.info("received %s", signal.Signals(signum).name)
                 if signum == getattr(signal, "SIGHUP", None):
