@@ -63,14 +63,15 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         "--precision",
         default="auto",
         choices=list(PRECISIONS),
-        help="auto: the fastest arithmetic measured to hold quality on this CPU (bf16 KV cache; "
-        "bench/quality.py); exact: fp32 everywhere, bit-faithful to Hugging Face",
+        help="auto: the fastest arithmetic measured to hold quality on this CPU (bench/quality.py); "
+        "exact: fp32 everywhere, bit-faithful to Hugging Face",
     )
     parser.add_argument(
         "--kv-cache-dtype",
         default="auto",
         choices=list(KV_CACHE_DTYPES),
-        help="the KV cache's dtype, apart from the compute dtype (auto: bf16, fp32 with --precision exact)",
+        help="the KV cache's dtype, apart from the compute dtype (auto: the compute dtype; bf16 halves the "
+        "bytes per token within the quality contract)",
     )
     parser.add_argument(
         "--no-prefix-cache",

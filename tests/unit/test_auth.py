@@ -275,7 +275,7 @@ def test_the_public_exposition_has_the_load_gauges_alone():
     )
     metrics.auth_failures["invalid"].inc()
     every = {name for name, _ in scrape(metrics)}
-    public = {name for name, _ in scrape(metrics, tenants=False)}
+    public = {name for name, _ in scrape(metrics, everything=False)}
     assert {"trillium:tenant_prompt_tokens_total", "trillium:prompt_tokens_total"} <= every
     # Summed token counts and latencies tell other tenants' prompt lengths as well: load only.
     assert public == {"trillium:num_requests_running", "vllm:num_requests_running", "trillium:num_requests_waiting",

@@ -6,10 +6,10 @@ from its ``stats()`` at scrape time. One :class:`CollectorRegistry` per server, 
 servers (or tests) in one process do not share series.
 
 With an access config, ``/metrics`` without the admin key shows the load gauges only
-(:data:`LOAD_GAUGES`: what routers and autoscalers read; ``exposition(tenants=False)``): every
+(:data:`LOAD_GAUGES`: what routers and autoscalers read; ``exposition(everything=False)``): every
 other series -- token counters, latency histograms, prefix-cache hits, per tenant or summed over
 all -- tells, under light traffic, the prompt lengths and cache hits of other tenants' requests.
-Every series about one tenant is named ``trillium:tenant_*`` (:data:`TENANT_PREFIX`).
+Every series about one tenant is named ``trillium:tenant_*``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 # fmt: on
-TENANT_PREFIX = "trillium:tenant_"
 # What /metrics shows without the admin key under --config: how loaded the engine is, nothing of
 # any request (vLLM's names too: routers written for vLLM workers read them).
 LOAD_GAUGES = frozenset(
@@ -240,9 +239,9 @@ class Metrics:
     def rate_limited(self, tenant: str, limit: str) -> None:
         self.tenant_rejected.labels(tenant, limit).inc()
 
-    def exposition(self, *, tenants: bool = True) -> bytes:
-        """The Prometheus text: every series, or only the load gauges unless ``tenants``."""
-        return generate_latest(self.registry if tenants else self._public)
+    def exposition(self, *, everything: bool = True) -> bytes:
+        """The Prometheus text: every series, or the load gauges alone."""
+        return generate_latest(self.registry if everything else self._public)
 
 
 class _LoadOnly:

@@ -69,7 +69,6 @@ class AuthThrottle:
     def failed(self, address: str) -> None:
         """Count one failed authentication from ``address`` (nothing while throttling is off)."""
         if self.failures_per_minute == 0:
-            self._failures.clear()
             return
         now = self._clock()
         self._failures[address] = (self._count(address, now) + 1.0, now)

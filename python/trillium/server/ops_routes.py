@@ -1,10 +1,10 @@
 """Operator endpoints: ``GET /metrics`` (Prometheus text), ``GET /v1/usage`` and
 ``POST /v1/admin/reload`` (admin key).
 
-With an access config, ``/metrics`` without an ``Authorization`` header leaves out the
-per-tenant series (``trillium:tenant_*``): Prometheus scrapes the server-wide ones without a
-key, and with the admin key (``authorization: {credentials: ...}`` in its scrape config) gets
-them all; any other key is refused (401, 403) and counts as a failed authentication.
+With an access config, ``/metrics`` without an ``Authorization`` header shows the load gauges
+alone (``metering/metrics.py``, ``LOAD_GAUGES``: what routers and autoscalers read); with the
+admin key (``authorization: {credentials: ...}`` in Prometheus' scrape config) every series; any
+other key is refused (401, 403) and counts as a failed authentication.
 
 ``/v1/usage?since=24h&until=...&tenant=acme`` returns the per-tenant totals that
 ``trillium usage`` prints, read through the metering actor so that every request finished
@@ -36,13 +36,13 @@ class OpsRoutes:
 
     async def metrics(self, request: Request) -> Response:
         auth = self.accounting.auth
-        tenants = True
+        everything = True
         if auth.access is not None:
             if "authorization" in request.headers:
                 auth.require_admin(request)
             else:
-                tenants = False
-        return Response(self.accounting.metrics.exposition(tenants=tenants), media_type=CONTENT_TYPE_LATEST)
+                everything = False
+        return Response(self.accounting.metrics.exposition(everything=everything), media_type=CONTENT_TYPE_LATEST)
 
     async def reload(self, request: Request) -> Response:
         """Re-read ``--config`` (and the TLS files): 200 once in force, 422 naming the error with

@@ -827,9 +827,10 @@ async def _sse_body(
                         unsatisfied_check=out.unsatisfied_check,
                     )
                 )
-        await account.finish_committed(echo.usage(fanout.usage()))
+        usage = echo.usage(fanout.usage())
+        await account.finish_committed(usage)
         if include_usage:
-            yield sse.event(shape.usage_chunk(echo.usage(fanout.usage())))
+            yield sse.event(shape.usage_chunk(usage))
         yield sse.DONE
     finally:
         fanout.abort()
