@@ -134,6 +134,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         precision=args.precision,
         kv_cache_dtype=args.kv_cache_dtype,
         step_timeout_s=getattr(args, "step_timeout", 30.0),
+        structured_strict_formats=getattr(args, "structured_strict_formats", False),
         **_speculation(getattr(args, "speculative_config", None)),
     )
 
@@ -199,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         default=30.0,
         metavar="SECONDS",
         help="a model step running longer than max(this, 10x the recent p99 step) turns /health to 503",
+    )
+    serve.add_argument(
+        "--structured-strict-formats",
+        action="store_true",
+        help="refuse a JSON schema naming a format the server does not know (400); by default such a "
+        "format is ignored and named in the response's X-Trillium-Warning header",
     )
     _limit_args(serve)
 

@@ -157,6 +157,9 @@ class EngineConfig:
     # activations to int8 (llama.cpp's way: faster, approximate); dense: always dequantize.
     weights: str = "auto"
     num_threads: int | None = None  # torch / OpenMP threads; None = TRILLIUM_NUM_THREADS or all cores
+    # Structured output: refuse a JSON Schema whose ``format`` the server does not know (400), as
+    # before JSON Schema 2019-09; False accepts it and ignores the format (structured/formats.py).
+    structured_strict_formats: bool = False
     # Speculative decoding: n-gram prompt lookup by default (bench/speculative.py: it gained at every
     # concurrency measured, 1.0-1.6x, and is lossless); None or "off" turns it off; else a
     # SpeculativeConfig or its JSON / dict (vLLM's ``--speculative-config``: {"method": "ngram",

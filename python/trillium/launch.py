@@ -248,7 +248,10 @@ class Engine:
         grammar_send, grammar_recv = open_inbox(GRAMMAR_INBOX_BOUND)
         # Structured output: llguidance's view of the vocabulary, the compile cache, and the
         # step bitmask (one row per running request) that the grammar thread fills.
-        compiler = GrammarCompiler(build_ll_tokenizer(self.tokenizer, self.model_config.vocab_size))
+        compiler = GrammarCompiler(
+            build_ll_tokenizer(self.tokenizer, self.model_config.vocab_size),
+            strict_formats=config.structured_strict_formats,
+        )
         self.grammar_actor = GrammarActor(compiler, grammar_recv)
         bitmask_filler = BitmaskFiller(config.max_running, self.model_config.vocab_size)
         kv = KVBlockManager(allocator, config.block_size, tree)

@@ -121,6 +121,76 @@ def test_every_schema_yields_valid_json(http):
     assert http.get("/stats").json()["num_forced_tokens"] > forced_before  # jump-forward took part
 
 
+# A recursive definition with a keyword beside its $ref (2019-09: both apply): each child's name
+# must also be a date.
+TREE_WITH_SIBLINGS = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 16},
+                "children": {
+                    "type": "array",
+                    "maxItems": 2,
+                    "items": {"$ref": "#/$defs/node", "properties": {"name": {"format": "date"}}},
+                },
+            },
+            "required": ["name"],
+            "additionalProperties": False,
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+
+
+def test_recursive_ref_with_siblings_is_served_and_validates(http):
+    body = chat(
+        http,
+        "Reply with a JSON family tree: each person has a name and children; children are named by birth date.",
+        max_tokens=120,
+        response_format={"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE_WITH_SIBLINGS}},
+    )
+    choice = body["choices"][0]
+    assert "unsatisfied_check" not in choice, choice
+    validate(choice["message"]["content"], TREE_WITH_SIBLINGS)
+
+
+def test_unknown_format_is_accepted_with_a_warning_header(http):
+    schema = {
+        "type": "object",
+        "properties": {"file": {"type": "string", "format": "path", "maxLength": 20}},
+        "required": ["file"],
+        "additionalProperties": False,
+    }
+    r = http.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "Name a file."}],
+            "max_tokens": 40,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "f", "schema": schema}},
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert '"path"' in r.headers["x-trillium-warning"]
+    validate(r.json()["choices"][0]["message"]["content"], schema)
+    with http.stream(
+        "POST",
+        "/v1/completions",
+        json={"prompt": "file:", "max_tokens": 20, "stream": True, "structured_outputs": {"json": schema}},
+    ) as streamed:
+        assert streamed.status_code == 200 and '"path"' in streamed.headers["x-trillium-warning"]
+        streamed.read()
+    r = http.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 60,
+            "structured_outputs": {"json": {"type": "string", "format": "uuid"}},
+        },
+    )
+    assert r.status_code == 200 and "x-trillium-warning" not in r.headers
+
+
 def test_openai_client_response_format_and_vllm_structured_outputs(openai_client):
     schema = SCHEMAS["enum_and_number"]
     out = openai_client.chat.completions.create(

@@ -596,8 +596,9 @@ def bench_schemas(subset: str) -> list[tuple[str, dict[str, Any]]]:
     return [(os.path.basename(p), json.load(open(p))) for p in paths]
 
 
-# Measured with llguidance 1.9.1: before, 0/413 and 7/147 compiled.
-FLOORS = {"Synthesized": 413, "Handwritten": 144}
+# Measured with llguidance 1.9.1: before, 0/413 and 7/147 compiled. The last three Handwritten
+# ones came with $ref sites of their own (schema_split) and patternProperties checked beside them.
+FLOORS = {"Synthesized": 413, "Handwritten": 147}
 
 
 @pytest.mark.parametrize("subset", list(FLOORS))

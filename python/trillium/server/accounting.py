@@ -52,6 +52,9 @@ _REASON_RANK = {FinishReason.ERROR: 3, FinishReason.ABORT: 2, FinishReason.LENGT
 # Retry-After for a request over a limit it can never fit (max tokens per request, or more
 # tokens than a minute's bucket holds): the window of the per-minute limits.
 NEVER_RETRY_AFTER = 60
+# What a request's response tells the client of what the server did not do as asked (a JSON
+# schema's formats it does not know and ignored), the warnings joined by "; ".
+WARNING_HEADER = "X-Trillium-Warning"
 
 
 def rate_limited(exc: LimitExceeded) -> APIError:
@@ -146,6 +149,7 @@ class RequestAccount:
         self._reserved = 0  # tokens taken from the tenant's tokens-per-minute bucket
         self.fanout: ChoiceFanout | None = None  # once the request reached the engine
         self.http_status = 200
+        self.warnings: list[str] = []  # for the client, in the response's WARNING_HEADER
         self._streaming = False
         self.finished = False
 

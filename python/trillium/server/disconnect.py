@@ -16,7 +16,7 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from trillium.server.accounting import RequestAccount
+from trillium.server.accounting import WARNING_HEADER, RequestAccount
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": what the access log and usage ledger record
 
@@ -51,6 +51,8 @@ async def unless_disconnected(
         # message, so the stream would not see it; its requests end now (the stream then ends).
         account.fanout.abort()
     if result:
+        if account.warnings:  # the response is the request's one chance to tell the client
+            result[0].headers[WARNING_HEADER] = "; ".join(account.warnings)
         return result[0]
     account.http_status = CLIENT_CLOSED
     return Response(status_code=CLIENT_CLOSED)

@@ -520,6 +520,8 @@ class Routes:
         num_public = [self.public_prefixes.num_public_tokens(public, prompt) for prompt in prompts]
         if sampling.structured is not None:
             grammar = await self._compile_grammar(sampling.structured, structured_param(body), scope)
+            if grammar.warning is not None:
+                account.warnings.append(grammar.warning)
             try:
                 grammar.check_allowance(sampling)
             except SamplingParamError as exc:

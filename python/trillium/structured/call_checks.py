@@ -47,9 +47,10 @@ class CallChecks:
         return CallsChecker(self)
 
 
-def prepare_call_grammar(text: str) -> tuple[str, CallChecks | None]:
+def prepare_call_grammar(text: str, *, strict_formats: bool = False) -> tuple[str, CallChecks | None]:
     """(the grammar to compile, its checks or None). A grammar that is not a tool-call grammar
-    comes back unchanged. Raises what ``prepare_schema`` raises for a tool's schema."""
+    comes back unchanged. Raises what ``prepare_schema`` raises for a tool's schema (with
+    ``strict_formats``, an unknown format too; else it is ignored)."""
     from trillium.structured.schema_rewrite import prepare_schema  # schema_rewrite imports llguidance probes
 
     if not text.startswith(CALLS_HEADER):
@@ -64,7 +65,7 @@ def prepare_call_grammar(text: str) -> tuple[str, CallChecks | None]:
         except (KeyError, TypeError):
             raise ValueError(f"{match.group(1)} is not a tool call's schema") from None
         try:
-            prepared = prepare_schema(schema)
+            prepared = prepare_schema(schema, strict_formats=strict_formats)
         except ValueError as exc:
             raise ValueError(f"the parameters of tool {name!r}: {exc}") from None
         if prepared.root is not None:

@@ -22,6 +22,7 @@ from trillium.protocol import SamplingParamError, SamplingParams, StructuredOutp
 from trillium.protocol.structured import JSON_OPTIONS
 from trillium.structured.call_checks import CallChecks, prepare_call_grammar
 from trillium.structured.closer import Closer
+from trillium.structured.formats import ignored_formats_warning
 from trillium.structured.guard import CompletionIndex, OutputGuard
 from trillium.structured.matcher import GrammarMatcher
 from trillium.structured.schema_rewrite import prepare_schema
@@ -110,6 +111,7 @@ class CompiledGrammar:
         checks: CheckNode | CallChecks | None = None,
         completion_index: CompletionIndex | None = None,
         token_bytes: Callable[[int], bytes] | None = None,
+        ignored_formats: tuple[str, ...] = (),
     ) -> None:
         self.key = key  # content hash of (kind, normalized text)
         self.kind = kind
@@ -121,10 +123,18 @@ class CompiledGrammar:
         self.checks = checks
         self._completion_index = completion_index
         self._token_bytes = token_bytes
+        # Formats the JSON Schema names that the server does not know: not enforced (annotations,
+        # as JSON Schema reads them since 2019-09); the frontend tells the client.
+        self.ignored_formats = ignored_formats
         # Tokens of the shortest complete output the closer finds from the start (0: no closer):
         # a smaller max_tokens could not be closed in time.
         closing = closer.closing(template) if closer is not None else None
         self.min_output_tokens = len(closing) if closing is not None else 0
+
+    @property
+    def warning(self) -> str | None:
+        """What the client should be told of this constraint (the formats it ignored), or None."""
+        return ignored_formats_warning(self.ignored_formats) if self.ignored_formats else None
 
     def check_allowance(self, sampling: SamplingParams) -> None:
         """SamplingParamError naming ``max_tokens`` when the request asks to close its output
@@ -153,10 +163,16 @@ class GrammarCompiler:
 
     ``scope`` (the asker's tenant's cache namespace, ``None`` on an open server) is part of the
     cache key: a tenant's compile is a hit only for a constraint its own scope compiled, so how
-    fast a compile answers says nothing of what other tenants sent."""
+    fast a compile answers says nothing of what other tenants sent.
 
-    def __init__(self, ll_tokenizer: llguidance.LLTokenizer, cache_size: int = CACHE_SIZE) -> None:
+    ``strict_formats``: a JSON Schema ``format`` the server does not know is an error (GrammarError)
+    instead of an ignored annotation (``structured.formats``)."""
+
+    def __init__(
+        self, ll_tokenizer: llguidance.LLTokenizer, cache_size: int = CACHE_SIZE, *, strict_formats: bool = False
+    ) -> None:
         self.ll_tokenizer = ll_tokenizer
+        self.strict_formats = strict_formats
         self.closer = Closer(ll_tokenizer)
         self._completion_index: CompletionIndex | None = None  # built with the first checked schema
         self.cache_size = cache_size
@@ -192,12 +208,14 @@ class GrammarCompiler:
             return hit
         digest, kind, text = self.key_of(constraint, scope)
         checks: CheckNode | CallChecks | None = None
+        ignored: list[str] = []
         try:  # keywords llguidance cannot compile are relaxed out and checked
             if kind == "json":
-                prepared = prepare_schema(json.loads(text))
+                prepared = prepare_schema(json.loads(text), strict_formats=self.strict_formats)
                 text, checks = json.dumps(prepared.grammar_schema, ensure_ascii=False), prepared.root
+                ignored = prepared.ignored_formats
             elif kind == "grammar":  # a tool-call grammar's calls (others come back as they are)
-                text, checks = prepare_call_grammar(text)
+                text, checks = prepare_call_grammar(text, strict_formats=self.strict_formats)
         except ValueError as exc:  # unsatisfiable, or a keyword not even a check enforces
             raise GrammarError(_describe(kind, str(exc))) from None
         template = llguidance.LLMatcher(
@@ -219,6 +237,7 @@ class GrammarCompiler:
             checks,
             self._completion_index,
             self.closer.token_bytes,
+            tuple(ignored),
         )
         with self._lock:
             self._cache[digest] = compiled

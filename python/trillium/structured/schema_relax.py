@@ -4,12 +4,16 @@
 least what the original accepts: a keyword llguidance cannot compile is rewritten into ones it can
 (exactly where possible: complements of ``not``, ``if``/``then``/``else`` and the dependency
 keywords as ``anyOf``, ``enum`` narrowed to its valid values), or else dropped and *marked*
-(``marks``: id of the original dict -> the keywords the checks must enforce there).
+(``marks``: id of the original dict -> the keywords the checks must enforce there). A known
+``format`` becomes the ``pattern`` or bounds of ``structured.formats``, an unknown one is noted
+and dropped; a ``$ref`` llguidance cannot intersect with its siblings gets a definition of its
+own (``structured.schema_split``) or, failing that, its siblings are checked.
 :class:`SchemaDocument` reads the schema as its draft (validator, ``$ref`` resolution).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import urllib.parse
@@ -22,6 +26,8 @@ import referencing
 import referencing.exceptions
 import referencing.jsonschema
 
+from trillium.structured.formats import FORMAT_CHECKER, KNOWN_FORMATS, UnknownFormat, format_constraint
+from trillium.structured.schema_split import IDENTITY_WORDS, RefSplitter, constrains, intersected_ref, movable
 from trillium.structured.value_checks import Resolver, applicable_subschemas, json_key
 
 # Keywords llguidance refuses outright (plus those it names in "Unimplemented keys" errors).
@@ -30,7 +36,7 @@ UNSUPPORTED = frozenset(
     | {"minContains", "maxContains", "uniqueItems", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}
     | {"$dynamicRef", "$recursiveRef"}
 )
-_IDENTITY = ("$id", "id", "$schema", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$defs", "definitions")
+_IDENTITY = IDENTITY_WORDS
 _TYPES = ("null", "boolean", "object", "array", "number", "string")
 _MAX_DEPTH = 16  # $ref hops followed while negating or looking for an enum
 _NEGATION_BUDGET = 4096  # subschemas negated in one pass; past it a complement is not attempted
@@ -82,7 +88,7 @@ class SchemaDocument:
     def __init__(self, schema: dict[str, Any]) -> None:
         self.schema = schema
         cls = jsonschema.validators.validator_for(schema, default=DefaultValidator)
-        self.validator = cls(schema)
+        self.validator = cls(schema, format_checker=FORMAT_CHECKER)  # the formats the grammar enforces
         self.resolver: Resolver = self.validator._resolver  # the root as the base resource
         self.specification = referencing.jsonschema.specification_with(
             cls.ID_OF(cls.META_SCHEMA) or "urn:unknown-dialect", default=referencing.Specification.OPAQUE
@@ -90,6 +96,11 @@ class SchemaDocument:
         self.keywords = frozenset(cls.VALIDATORS)
         self.legacy_ref = "dependentRequired" not in self.keywords  # up to draft 7: $ref hides siblings
         self.draft4_bounds = "exclusiveMinimum" not in self.keywords  # boolean exclusiveMinimum
+
+    @functools.cached_property
+    def movable(self) -> bool:
+        """Subschemas may be copied elsewhere in the document (``schema_split.movable``)."""
+        return movable(self.schema)
 
     def scope(self, schema: dict[str, Any], resolver: Resolver) -> Resolver:
         return resolver.in_subresource(self.specification.create_resource(schema))
@@ -127,8 +138,13 @@ class RelaxOptions:
     min_max_properties: int = 0  # 1: drop those beside optional properties, 2: all of them
     trim_all_of: bool = False
     bad_regexes: set[str] = field(default_factory=set)  # `pattern` values, patternProperties keys
+    split_refs: set[str] = field(default_factory=set)  # $refs whose sites get a definition (schema_split)
     bare_refs: set[str] = field(default_factory=set)  # $refs whose constraining siblings to drop
     all_bare_refs: bool = False
+    # patternProperties beside properties (llguidance intersects a property's schema with each
+    # pattern's it matches, references included): checked, with additionalProperties
+    checked_pattern_properties: bool = False
+    strict_formats: bool = False  # an unknown ``format`` is an error (UnknownFormat), not ignored
 
 
 def _pointer_path(pointer: str) -> list[str]:
@@ -196,12 +212,22 @@ class Relaxer:
         self._memo: dict[int, Any] = {}
         self._pointers: set[str] = set()  # "#/..." $refs met
         self._negation_budget = _NEGATION_BUDGET  # bounds schemas whose branches multiply
+        self.ignored_formats: set[str] = set()  # unknown formats met (annotations only)
+        defs = doc.schema.get("$defs")
+        self.splitter = RefSplitter(
+            options.split_refs if options.split_refs and doc.movable else set(),
+            doc.keywords,
+            doc.lookup,
+            set(defs) if isinstance(defs, dict) else set(),
+        )
 
     def relax(self, schema: Any, resolver: Resolver) -> Any:
-        """The grammar form of ``schema``: accepts at least what it accepts."""
+        """The grammar form of ``schema``: accepts at least what it accepts. Raises UnknownFormat
+        for a format it does not know with ``strict_formats``."""
         if not isinstance(schema, dict):
             return schema
         if id(schema) not in self._memo:
+            self._note_format(schema)
             resolver = self.doc.scope(schema, resolver)
             narrowed = self._narrow_enum(schema, resolver)
             self._memo[id(schema)] = self._relax_dict(schema, resolver) if narrowed is None else narrowed
@@ -254,15 +280,33 @@ class Relaxer:
 
     def with_ref_targets(self, grammar: Any) -> Any:
         """``grammar`` with the relaxed form of each target of a ``$ref`` pointer placed where
-        the pointer leads, when that is not a subschema :meth:`relax` walked (``"#/foo/bar"``)."""
+        the pointer leads, when that is not a subschema :meth:`relax` walked (``"#/foo/bar"``),
+        and the definitions of the split sites (``schema_split``) in its root's ``$defs``."""
         done: set[str] = set()
-        while pending := sorted(self._pointers - done):
+        while True:
+            pending = sorted(self._pointers - done)
             for pointer in pending:
                 done.add(pointer)
                 found = self.doc.lookup(pointer, self.doc.resolver)
                 if found is not None and isinstance(found[0], dict):
                     grammar = _place(grammar, _pointer_path(pointer), self.relax(*found))
-        return grammar
+            made = self.splitter.definitions(self.relax)
+            if made and isinstance(grammar, dict):
+                defs = grammar.get("$defs")
+                grammar = {**grammar, "$defs": {**(defs if isinstance(defs, dict) else {}), **made}}
+            if not pending and not made:
+                return grammar
+
+    def _note_format(self, schema: dict[str, Any]) -> None:
+        name = schema.get("format")
+        if not isinstance(name, str) or "format" not in self.doc.keywords or format_constraint(name) is not None:
+            return
+        if self.options.strict_formats:
+            raise UnknownFormat(
+                f"format {name!r} is not one this server enforces (it refuses unknown formats; "
+                f"known: {', '.join(sorted(KNOWN_FORMATS))})"
+            )
+        self.ignored_formats.add(name)
 
     def _mark(self, schema: dict[str, Any], word: str) -> None:
         self.marks.setdefault(id(schema), set()).add(word)
@@ -277,11 +321,21 @@ class Relaxer:
         options = self.options
         out: dict[str, Any] = {}
         conjuncts: list[Any] = []  # from rewrites; they join allOf
-        ref = schema.get("$ref")
-        bare = isinstance(ref, str) and (options.all_bare_refs or ref in options.bare_refs)
+        formats: dict[str, Any] = {}  # the keywords enforcing a known format
+        # A $ref llguidance cannot intersect (a recursive definition's, learned): the grammar
+        # keeps the keyword holding it, and the checks the keywords beside it.
+        bare = intersected_ref(schema, self.doc.keywords, lambda ref: options.all_bare_refs or ref in options.bare_refs)
         for word, value in schema.items():
-            if bare and word != "$ref" and word in self.doc.keywords:
-                self._mark(schema, word)  # llguidance cannot intersect a recursive $ref with it
+            if bare is not None and constrains(word, value, self.doc.keywords) and word != bare[0]:
+                self._mark(schema, word)
+                continue
+            if bare is not None and word == "allOf" and bare[0] == word:  # its other branches intersect it
+                if len(value) > 1:
+                    self._mark(schema, word)
+                out[word] = [self.relax(bare[1], resolver)]
+                continue
+            if word == "format" and word in self.doc.keywords:
+                formats = format_constraint(value) or {}
                 continue
             if word in ("then", "else", "minContains", "maxContains") and word in options.unsupported:
                 continue  # rewritten or checked with their if / contains
@@ -311,8 +365,17 @@ class Relaxer:
         extra = [c for c in conjuncts if c is not True and c != {}]
         if any(c is False for c in extra):
             return False
+        for word, value in formats.items():  # beside the schema's own keywords, or as a conjunct
+            if word in schema:
+                extra.append({word: value})
+            else:
+                out[word] = value
         if extra:
             out["allOf"] = [*out.get("allOf", []), *extra]
+        site = None if bare is not None else self.splitter.site(schema, resolver)
+        if site is not None:  # a $ref llguidance cannot intersect with the rest: a definition of its own
+            branch = None if site[1] is None else self.relax(site[1], resolver)
+            return self.splitter.placeholder(out, site, branch, resolver)
         return out
 
     def _relax_value(self, word: str, value: Any, resolver: Resolver) -> Any:
@@ -397,7 +460,7 @@ class Relaxer:
         exact = True
         deps: list[tuple[Any, Resolver]] = []
         for word, value in items:  # not (a and b and ...) = (not a) or (not b) or ...
-            if word not in self.doc.keywords:
+            if word not in self.doc.keywords or (word == "format" and not format_constraint(value)):
                 continue  # annotations constrain nothing
             negation = self._negate_word(schema, word, value, resolver, depth)
             if negation is None:
@@ -505,6 +568,8 @@ class Relaxer:
 
     def _has_bad_pattern_properties(self, schema: dict[str, Any]) -> bool:
         patterns = schema.get("patternProperties")
+        if self.options.checked_pattern_properties and isinstance(patterns, dict) and patterns:
+            return isinstance(schema.get("properties"), dict) and bool(schema["properties"])
         return isinstance(patterns, dict) and not self.options.bad_regexes.isdisjoint(patterns)
 
     def _trim_all_of(self, schema: dict[str, Any], branches: list[Any]) -> list[Any]:

@@ -12,7 +12,10 @@ than refuse the request, :func:`prepare_schema` returns a :class:`PreparedSchema
 * ``root``: the :class:`~trillium.structured.value_checks.CheckNode` tree over the ORIGINAL schema
   that checks what was dropped as values are generated (None when the grammar enforces it all), so
   **an output the grammar accepts and the checks pass is valid for the whole schema** (as
-  ``jsonschema`` reads it, formats being annotations).
+  ``jsonschema`` reads it, with the formats of ``structured.formats`` asserted);
+* ``ignored_formats``: the formats the schema names that the server does not know: they are
+  annotations (JSON Schema since 2019-09), accepted and ignored, or refused with
+  ``strict_formats``. The known ones are compiled into the grammar (``structured.formats``).
 
 The draft is the one ``$schema`` names; without one, Draft 2020-12 plus the draft-7 forms still
 common in the wild (``dependencies``, ``items`` as a list with ``additionalItems``). What
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
@@ -32,6 +35,7 @@ import llguidance
 import referencing.exceptions
 
 from trillium.protocol.structured import JSON_OPTIONS
+from trillium.structured.formats import FORMAT_CHECKER
 from trillium.structured.schema_relax import DefaultValidator, Relaxer, RelaxOptions, SchemaDocument
 from trillium.structured.value_checks import CheckContext, CheckNode
 
@@ -67,7 +71,10 @@ CHECK_KEYWORDS: dict[str, str] = {
     "allOf": "recursive intersections deeper than llguidance's limit: checked",
     "oneOf": "compiled as anyOf; that only one branch matches is checked unless the branches are disjoint",
     "enum": "with other keywords: narrowed to the values valid for the whole subschema (exact)",
-    "$ref": "constraints beside a recursive $ref (llguidance cannot intersect them): checked",
+    "$ref": (
+        "constraints beside a recursive $ref (llguidance cannot intersect them): a definition of their own"
+        " (schema_split); checked where the document pins its subschemas ($id, anchors)"
+    ),
 }
 # What cannot be enforced even by checks: the schema is refused with an error naming it.
 REFUSED_KEYWORDS: dict[str, str] = {
@@ -91,15 +98,20 @@ class PreparedSchema:
     grammar_schema: dict[str, Any] | bool  # what llguidance compiles: accepts a superset
     root: CheckNode | None  # checks of the rest; None when the grammar enforces everything
     checked_keywords: list[str]  # sorted names of the keywords the checks enforce
+    ignored_formats: list[str] = field(default_factory=list)  # sorted unknown formats (annotations)
 
 
-def prepare_schema(schema: dict[str, Any] | bool, *, exact_one_of: bool = True) -> PreparedSchema:
+def prepare_schema(
+    schema: dict[str, Any] | bool, *, exact_one_of: bool = True, strict_formats: bool = False
+) -> PreparedSchema:
     """Rewrite ``schema`` for llguidance and build its checks (module docstring).
 
     ``exact_one_of``: check that exactly one ``oneOf`` branch matches where the branches are not
     provably disjoint by type, enum or a required property's const (the grammar compiles
-    ``oneOf`` as ``anyOf``); False keeps llguidance's approximation. Raises SchemaUnsatisfiable,
-    UnenforceableSchema, or ValueError for a schema that is not an object or boolean. When
+    ``oneOf`` as ``anyOf``); False keeps llguidance's approximation. ``strict_formats``: refuse
+    a format the server does not know (UnknownFormat) instead of ignoring it. Raises
+    SchemaUnsatisfiable, UnenforceableSchema, UnknownFormat, or ValueError for a schema that is
+    not an object or boolean. When
     llguidance rejects the schema for a reason no rewrite addresses, the returned grammar schema
     still fails to compile, with llguidance's own message. ``schema`` must not be mutated while
     the result is in use (checks find its subschemas by identity).
@@ -118,7 +130,7 @@ def prepare_schema(schema: dict[str, Any] | bool, *, exact_one_of: bool = True) 
         doc = SchemaDocument(schema)
     except (TypeError, AttributeError, ValueError, referencing.exceptions.Unresolvable):
         return PreparedSchema(schema, None, [])  # a malformed $schema or $id: llguidance has the say
-    options = RelaxOptions()
+    options = RelaxOptions(strict_formats=strict_formats)
     for _ in range(_MAX_ROUNDS):
         relaxer = Relaxer(doc, options, exact_one_of)
         grammar = relaxer.with_ref_targets(relaxer.relax(schema, doc.resolver))
@@ -127,7 +139,7 @@ def prepare_schema(schema: dict[str, Any] | bool, *, exact_one_of: bool = True) 
         error = llguidance_error(grammar)
         if error is not None and "nsatisfiable" in error:
             raise SchemaUnsatisfiable(f"no value is valid for the schema ({error.strip()})")
-        if error is None or not _learn(options, error, doc):
+        if error is None or not _learn(options, error, doc, relaxer):
             break
     marks, tainted, unresolved = relaxer.settle()
     root = None
@@ -142,13 +154,14 @@ def prepare_schema(schema: dict[str, Any] | bool, *, exact_one_of: bool = True) 
         ctx = CheckContext(doc.validator, doc.specification, marks, tainted, relaxer.exact)
         root = ctx.node_for([(schema, doc.resolver)])
     checked = sorted({word for key, words in marks.items() if key in relaxer.reached for word in words})
-    return PreparedSchema(grammar, root, checked if root is not None else [])
+    return PreparedSchema(grammar, root, checked if root is not None else [], sorted(relaxer.ignored_formats))
 
 
 def schema_validator(schema: dict[str, Any] | bool) -> Any:
     """The ``jsonschema`` validator the checks read ``schema`` with: the draft its ``$schema``
-    names, else Draft 2020-12 plus ``dependencies`` and ``items`` as a list."""
-    return jsonschema.validators.validator_for(schema, default=DefaultValidator)(schema)
+    names, else Draft 2020-12 plus ``dependencies`` and ``items`` as a list; the known formats
+    asserted."""
+    return jsonschema.validators.validator_for(schema, default=DefaultValidator)(schema, format_checker=FORMAT_CHECKER)
 
 
 def llguidance_error(grammar_schema: dict[str, Any] | bool) -> str | None:
@@ -160,8 +173,9 @@ def llguidance_error(grammar_schema: dict[str, Any] | bool) -> str | None:
     return llguidance.LLMatcher.validate_grammar(grammar, _probe_tokenizer()) or None
 
 
-def _learn(options: RelaxOptions, error: str, doc: SchemaDocument) -> bool:
-    """Widen the options for llguidance's ``error``; False if nothing new can be dropped."""
+def _learn(options: RelaxOptions, error: str, doc: SchemaDocument, relaxer: Relaxer) -> bool:
+    """Widen the options for llguidance's ``error`` (met compiling ``relaxer``'s grammar); False
+    if nothing new can be dropped."""
     if error.startswith("Unimplemented keys:"):
         new = set(re.findall(r'"([^"]+)"', error)) - options.unsupported
         options.unsupported |= new
@@ -178,15 +192,22 @@ def _learn(options: RelaxOptions, error: str, doc: SchemaDocument) -> bool:
             return True
         return False
     if error.startswith("circular references with sibling keys"):
+        target = "#" + error.rpartition("#")[2].strip()
+        target = relaxer.splitter.origin.get(target, target)  # a split's definition: its site's $ref
+        if target not in options.split_refs and doc.movable:  # exact: the siblings stay in the grammar
+            options.split_refs.add(target)
+            return True
         if options.rewrites:  # our allOfs beside recursive properties
             options.rewrites = False
             return True
-        target = "#" + error.rpartition("#")[2].strip()
         if target not in options.bare_refs:
             options.bare_refs.add(target)
             return True
-        changed = not options.all_bare_refs
-        options.all_bare_refs = True
+        if not options.all_bare_refs:
+            options.all_bare_refs = True
+            return True
+        changed = not options.checked_pattern_properties  # the intersection is deeper
+        options.checked_pattern_properties = True
         return changed
     # Regex errors quote the regex as /.../, or on the line after "regex parse error:".
     named = {

@@ -73,7 +73,10 @@ _FORMATS = {
     "uuid": "00000000-0000-0000-0000-000000000000",
     "duration": "P1D",
     "json-pointer": "",
+    "relative-json-pointer": "0",
+    "uri-template": "a",
     "regex": "a",
+    "byte": "",
 }
 _TYPE_ORDER = ("object", "array", "string", "integer", "number", "boolean", "null")
 # Where nothing hints at a type (no ``type``, no keyword of one): the cheapest values first.
