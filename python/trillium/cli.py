@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from trillium.cluster.plan import POLICIES
-from trillium.config import KV_CACHE_DTYPES, PRECISIONS, WEIGHT_FORMATS, EngineConfig
+from trillium.config import KV_CACHE_DTYPES, PRECISIONS, REASONING_PARSERS, WEIGHT_FORMATS, EngineConfig
 
 if TYPE_CHECKING:
     from trillium.server.tls import ServerTLS
@@ -128,6 +128,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         block_size=args.block_size,
         num_threads=args.num_threads,
         served_model_name=getattr(args, "served_model_name", None),
+        reasoning_parser=getattr(args, "reasoning_parser", None),
         enable_prefix_cache=args.enable_prefix_cache,
         kv_events_endpoint=getattr(args, "kv_events_endpoint", None),
         weights=args.weights,
@@ -169,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", default=None, help="model id clients use (default: from the model file)")
+    serve.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=list(REASONING_PARSERS),
+        help="split a thinking model's <think> section out of the answer: reasoning_content in chat "
+        "completions, reasoning items in the Responses API (default: the whole output is content)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
         "--config",

@@ -15,6 +15,8 @@ WEIGHT_FORMATS = ("auto", "quantized", "quantized-int8", "dense")
 PRECISIONS = ("auto", "exact")
 KV_CACHE_DTYPES = ("auto", "bf16", "fp32")
 DEVICES = ("cpu", "cuda", "auto")
+# --reasoning-parser: the formats server/reasoning.py splits into reasoning and content.
+REASONING_PARSERS = ("qwen3", "deepseek_r1")
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
 
 
@@ -147,6 +149,9 @@ class EngineConfig:
     max_tokens_per_step: int = 2048  # token budget of one step (chunked prefill size)
     max_model_len: int | None = None  # None = the model's context length
     served_model_name: str | None = None
+    # Split a thinking model's output into reasoning and content (vLLM's --reasoning-parser): one
+    # of REASONING_PARSERS; None: the whole output is content.
+    reasoning_parser: str | None = None
     step_timeout_s: float = 30.0  # watchdog: a step longer than max(this, 10x recent p99) -> /health 503
     enable_prefix_cache: bool = True  # reuse cached KV of shared prompt prefixes
     # Publish prefix-cache events (vLLM's KV-event wire format) on a ZMQ PUB socket bound here,
@@ -189,6 +194,10 @@ class EngineConfig:
         self.device = resolve_device(self.device)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}"
+            )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.precision == "exact":

@@ -152,8 +152,12 @@ class EngineClient:
         num_kv_tokens: int | None = None,
         block_size: int | None = None,
         precision: dict[str, str] | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         self.model_name = model_name
+        # The served model's reasoning format (``--reasoning-parser``), which the frontend splits
+        # its outputs by (server/reasoning.py); None: outputs are all content. Read-only.
+        self.reasoning_parser = reasoning_parser
         # What the engine computes with (launch.precision_report): shown in /stats; read-only.
         self.precision = precision or {}
         self.block_size = block_size  # tokens per KV block (None: unknown); read-only
@@ -181,13 +185,15 @@ class EngineClient:
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         suffix: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """Encode a prompt (raw text or chat messages). Raises TokenizeError or EngineOverloaded.
 
         ``add_special_tokens`` applies to raw text (BOS); chat messages get the template's own.
         ``add_generation_prompt`` ends a chat with the assistant turn's header; ``tools`` are
-        given to a chat template that renders them; ``suffix`` makes raw text a fill-in-the-middle
-        prompt (the model must have FIM tokens)."""
+        given to a chat template that renders them; ``chat_template_kwargs`` are more variables
+        for it (``enable_thinking``); ``suffix`` makes raw text a fill-in-the-middle prompt (the
+        model must have FIM tokens)."""
         result: TokenizeResult = await ask(
             self._tokenizer,
             "tokenizer",
@@ -198,6 +204,7 @@ class EngineClient:
                 add_generation_prompt=add_generation_prompt,
                 tools=tools,
                 suffix=suffix,
+                chat_template_kwargs=chat_template_kwargs,
                 reply=reply,
             ),
         )

@@ -281,6 +281,7 @@ class Engine:
             num_kv_tokens=num_blocks * config.block_size,
             block_size=config.block_size,
             precision=self.precision,
+            reasoning_parser=config.reasoning_parser,
         )
 
     def actors(self) -> list[Actor]:

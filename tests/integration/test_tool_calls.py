@@ -139,6 +139,33 @@ def test_streamed_calls_reassemble_to_the_same_calls(openai_client):
     assert finish == whole.choices[0].finish_reason
 
 
+@pytest.mark.parametrize("max_tokens", [1, 16, 96])
+def test_a_call_cut_by_max_tokens_leaks_no_markup(openai_client, max_tokens):
+    """tool_choice required writes nothing but calls: whatever max_tokens cuts (the opener, the
+    arguments, the closing tag), content stays empty on every API, and only whole calls come out."""
+    kwargs = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 1.0}
+    whole = openai_client.chat.completions.create(**kwargs, seed=3, n=4, max_tokens=max_tokens)
+    assert "length" in {c.finish_reason for c in whole.choices}  # some call was cut
+    for choice in whole.choices:
+        assert not choice.message.content, choice.message.content
+        check_calls(choice.message)
+    content = ""
+    for chunk in openai_client.chat.completions.create(**kwargs, seed=3, max_tokens=max_tokens, stream=True):
+        content += "".join(c.delta.content or "" for c in chunk.choices)
+    assert content == ""
+    response = openai_client.responses.create(
+        model=MODEL,
+        input=ASK[0]["content"],
+        tools=[{"type": "function", **t["function"]} for t in TOOLS],
+        tool_choice="required",
+        temperature=1.0,
+        max_output_tokens=max_tokens,
+    )
+    assert response.output_text == ""
+    for item in response.output:
+        assert item.type == "function_call" or not "".join(p.text for p in item.content), item
+
+
 @pytest.mark.parametrize(
     "body, param",
     [

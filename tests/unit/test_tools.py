@@ -145,15 +145,26 @@ def test_hermes_holds_back_a_possible_opener_only():
     "text",
     [
         'Hi <tool_call>\n{"name":"get_weather","argu',  # cut short by max_tokens
-        '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}\n</tool_call>',  # not JSON
-        '<tool_call>\n{"name":"launch_rockets","arguments":{}}\n</tool_call>',  # not an offered tool
-        '<tool_call>\n{"name":"get_weather","arguments":"Paris"}\n</tool_call>',  # arguments not an object
+        'Hi <tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}\n</tool_call>',  # not JSON
+        'Hi <tool_call>\n{"name":"launch_rockets","arguments":{}}\n</tool_call>',  # not an offered tool
+        'Hi <tool_call>\n{"name":"get_weather","arguments":"Paris"}\n</tool_call>',  # arguments not an object
     ],
 )
-def test_a_broken_call_is_content_never_a_call(text):
-    content, calls = run(make_parser(FALLBACK, NAMES), [text])
-    assert calls == []
-    assert content.replace(" ", "") == text.replace(" ", "")
+def test_a_broken_call_is_neither_a_call_nor_content(text):
+    """Call markup never reaches content: a call cut short or not valid is dropped whole."""
+    for step in (1, 5, len(text)):
+        assert run(make_parser(FALLBACK, NAMES), [text[i : i + step] for i in range(0, len(text), step)]) == ("Hi", [])
+
+
+@pytest.mark.parametrize("cut_at", range(1, len("<tool_call>")))
+def test_an_opener_cut_by_max_tokens_is_not_content(cut_at):
+    parser = make_parser(FALLBACK, NAMES)
+    events = parser.feed("Sure. \n" + "<tool_call>"[:cut_at]) + parser.finish(cut=True)
+    assert events == [ContentDelta("Sure.")]
+    # Ended by the model (EOS) rather than cut, the same text is what it wrote: content.
+    parser = make_parser(FALLBACK, NAMES)
+    events = parser.feed("a " + "<tool_call>"[:cut_at]) + parser.finish()
+    assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == "a " + "<tool_call>"[:cut_at]
 
 
 def test_a_closing_tag_inside_an_argument_does_not_end_the_call():
@@ -162,11 +173,11 @@ def test_a_closing_tag_inside_an_argument_does_not_end_the_call():
     for step in (1, 4, len(text)):
         content, calls = run(make_parser(FALLBACK, NAMES), [text[i : i + step] for i in range(0, len(text), step)])
         assert (content, calls) == ("", [("get_weather", {"city": "a</tool_call>b"})])
-    # not an object: content up to the first closing tag, then parsing goes on
+    # not an object: dropped up to the first closing tag, then parsing goes on
     content, calls = run(
         make_parser(FALLBACK, NAMES), ["<tool_call>\nnope</tool_call> then " + call("get_time", {"tz": "X"})]
     )
-    assert content == "<tool_call>\nnope</tool_call>then" and calls == [("get_time", {"tz": "X"})]
+    assert content == "then" and calls == [("get_time", {"tz": "X"})]
 
 
 def test_llama3_json_calls_and_text():
@@ -178,7 +189,10 @@ def test_llama3_json_calls_and_text():
     assert run(make_parser(fmt, NAMES), ["It is ", "sunny {really}"]) == ("It is sunny {really}", [])
     # a call must start the reply: text that starts otherwise (whitespace included) is content
     assert run(make_parser(fmt, NAMES), [' {"name": "get_time", "parameters": {"tz": "UTC"}}'])[1] == []
-    assert run(make_parser(fmt, NAMES), ['{"name": "get_weather", "param']) == ('{"name": "get_weather", "param', [])
+    # a call cut short by max_tokens is dropped, as is a lone <|python_tag|>: no call markup in content
+    assert run(make_parser(fmt, NAMES), ['{"name": "get_weather", "param']) == ("", [])
+    assert run(make_parser(fmt, NAMES), ['<|python_tag|>{"name": "get_', "weather"]) == ("", [])
+    assert run(make_parser(fmt, NAMES), ["<|python_tag|>"]) == ("", [])
 
 
 # ---- grammar ------------------------------------------------------------------------------------

@@ -212,6 +212,8 @@ class TokenizeRequest(msgspec.Struct, gc=False, kw_only=True):
     add_special_tokens: bool = True  # raw text only: the tokenizer's BOS (chat templates bring their own)
     add_generation_prompt: bool = True  # chat only: end with the assistant turn's header
     tools: list[dict[str, Any]] | None = None  # chat only: OpenAI ``tools``, for a template that renders them
+    # chat only: more variables for the template (a request's ``chat_template_kwargs``: ``enable_thinking``)
+    chat_template_kwargs: dict[str, Any] | None = None
     suffix: str | None = None  # raw text only: a fill-in-the-middle prompt (``Tokenizer.fim_prompt``)
     reply: Any = None
 

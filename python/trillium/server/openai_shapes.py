@@ -9,25 +9,15 @@ then cached), so they recompute only the last partial block.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from trillium.engine_client import RequestStream, StreamOutput
 from trillium.protocol import FinishReason
-from trillium.tools import ToolCallParser
 
 if TYPE_CHECKING:
+    from trillium.server.choice_split import ChoiceSplitter, OutputParsing
     from trillium.tokenizer import Tokenizer
-
-
-class ToolParsing(Protocol):
-    """What :class:`ResponseShape` needs of a request's tool calling (``server/tool_calls.py``)."""
-
-    def new_parser(self) -> ToolCallParser: ...
-
-    def split(self, text: str) -> tuple[str, list[JSONObject]]:
-        """A whole choice's text -> (content, OpenAI ``tool_calls``)."""
-        ...
 
 
 # One (chosen token's logprob, [(token id, logprob)] best first) per token, as the engine gives them.
@@ -194,8 +184,8 @@ class LogprobsFormatter:
 class ResponseShape:
     """Builds OpenAI response objects for one request (chat or legacy completions).
 
-    ``tool_calls`` (chat only) makes a fresh parser per choice: the choice's text is then split
-    into content and ``tool_calls`` (``trillium.tools.parsers``)."""
+    ``parsing`` (chat only) makes a fresh splitter per choice (``server/choice_split.py``): the
+    choice's text is then split into ``reasoning_content``, content and ``tool_calls``."""
 
     def __init__(
         self,
@@ -203,14 +193,14 @@ class ResponseShape:
         model: str,
         chat: bool,
         logprobs: LogprobsFormatter | None = None,
-        tool_calls: ToolParsing | None = None,
+        parsing: OutputParsing | None = None,
         prompt_logprobs: LogprobsFormatter | None = None,
     ) -> None:
         self.request_id = request_id
         self.model = model
         self.chat = chat
         self.logprobs = logprobs
-        self.tool_calls = tool_calls
+        self.parsing = parsing
         self.prompt_logprobs = prompt_logprobs  # vLLM's prompt_logprobs were asked for
         self.created = int(time.time())
 
@@ -229,14 +219,18 @@ class ResponseShape:
         prompt_logprobs: list[JSONObject | None] | None = None,
         closed_early: bool = False,
         unsatisfied_check: str | None = None,
+        reasoning: str | None = None,
     ) -> JSONObject:
         """One SSE chunk of choice ``index``. ``closed_early`` (with finish reason ``length``)
         adds ``"closed_early": true`` to the choice, and ``unsatisfied_check`` its message:
-        trillium's extensions, see :meth:`full`."""
+        trillium's extensions, see :meth:`full`. ``reasoning``: reasoning text, as
+        ``delta.reasoning_content`` (vLLM's and llama.cpp's field; chat only)."""
         if self.chat:
             delta: JSONObject = {}
             if first:
                 delta["role"] = "assistant"
+            if reasoning is not None:
+                delta["reasoning_content"] = reasoning
             if text is not None:
                 delta["content"] = text
             if tool_calls:
@@ -268,9 +262,12 @@ class ResponseShape:
         prompt_logprobs: list[list[JSONObject | None] | None] | None = None,
         closed_early: frozenset[int] = frozenset(),
         unsatisfied_checks: dict[int, str] | None = None,
+        splitters: Sequence[ChoiceSplitter | None] = (),
     ) -> JSONObject:
         """``choices``: (text, finish_reason, formatted logprobs or None) per index;
-        ``prompt_logprobs``: vLLM's, per index (chat: the first's, at the top level).
+        ``splitters``: a chat choice's split text per index, when its outputs were parsed (its
+        message then holds the splitter's content, ``reasoning_content`` and ``tool_calls``
+        instead of the text); ``prompt_logprobs``: vLLM's, per index (chat: the first's, at the top level).
         ``closed_early``: the indexes whose JSON output was closed by its grammar's shortest
         completion before ``max_tokens`` cut it (finish reason ``length``): their choice gets
         ``"closed_early": true``, a trillium extension (absent otherwise). ``unsatisfied_checks``:
@@ -282,14 +279,9 @@ class ResponseShape:
             body = []
             for i, (text, reason, lp) in enumerate(choices):
                 message: JSONObject = {"role": "assistant", "content": text}
-                if self.tool_calls is not None:
-                    content, calls = self.tool_calls.split(text)
-                    message["content"] = content or None  # OpenAI: null next to tool calls
-                    if calls:
-                        message["tool_calls"] = calls
-                        reason = "tool_calls" if reason == "stop" else reason
-                    else:
-                        message["content"] = content
+                splitter = splitters[i] if i < len(splitters) else None
+                if splitter is not None:
+                    message, reason = _split_message(splitter, reason)
                 body.append(
                     {
                         "index": i,
@@ -314,6 +306,31 @@ class ResponseShape:
             for choice, plp in zip(body, prompt_logprobs):
                 choice["prompt_logprobs"] = plp
         return {**self._envelope("text_completion"), "choices": body, "usage": usage}
+
+
+def _split_message(splitter: ChoiceSplitter, reason: str) -> tuple[JSONObject, str]:
+    """A parsed choice's message and finish reason (``tool_calls`` for one that stopped after its
+    calls). Content is null next to tool calls or reasoning when there is none (OpenAI's and
+    vLLM's shape); ``reasoning_content`` is there whenever the reasoning was split (null: none)."""
+    content, calls = splitter.content, [call.openai() for call in splitter.calls]
+    message: JSONObject = {"role": "assistant", "content": content}
+    if splitter.splits_reasoning:
+        message["reasoning_content"] = splitter.reasoning or None
+    if calls:
+        message["tool_calls"] = calls
+        reason = "tool_calls" if reason == "stop" else reason
+    if calls or splitter.reasoning:
+        message["content"] = content or None
+    return message, reason
+
+
+def reasoning_usage(usage: JSONObject, splitters: Sequence[ChoiceSplitter | None]) -> JSONObject:
+    """``usage`` with ``completion_tokens_details.reasoning_tokens`` (OpenAI's field: the choices'
+    tokens spent reasoning), when a reasoning parser read the choices; as it was otherwise."""
+    split = [s for s in splitters if s is not None and s.splits_reasoning]
+    if not split:
+        return usage
+    return {**usage, "completion_tokens_details": {"reasoning_tokens": sum(s.num_reasoning_tokens for s in split)}}
 
 
 def error_payload(message: str, request_id: str | None = None) -> JSONObject:

@@ -37,11 +37,16 @@ class PromptTokensDetails(msgspec.Struct, kw_only=True):
     cached_tokens_per_choice: list[int] | None = None  # with n > 1 (not OpenAI's)
 
 
+class CompletionTokensDetails(msgspec.Struct, kw_only=True):
+    reasoning_tokens: int  # completion tokens spent reasoning (over all choices)
+
+
 class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int  # over all choices
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = None  # chat, with --reasoning-parser
 
 
 class TopLogprob(msgspec.Struct, kw_only=True):
@@ -93,7 +98,9 @@ class ToolCall(msgspec.Struct, kw_only=True):
 
 class AssistantMessage(msgspec.Struct, kw_only=True):
     role: Literal["assistant"]
-    content: str | None  # None only next to tool_calls
+    content: str | None  # None only next to tool_calls or reasoning_content
+    # with --reasoning-parser: the reasoning split off the answer (None: the model did not reason)
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
 
 
@@ -128,6 +135,7 @@ class ToolCallDelta(msgspec.Struct, kw_only=True):
 
 class ChatDelta(msgspec.Struct, kw_only=True):
     role: Literal["assistant"] | None = None  # in each choice's first chunk
+    reasoning_content: str | None = None  # with --reasoning-parser: reasoning text, before any content
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
@@ -259,20 +267,24 @@ class UsageReport(msgspec.Struct, kw_only=True):
 
 
 class OutputText(msgspec.Struct, kw_only=True):
-    type: Literal["output_text"]
+    """A content part: ``output_text`` of a message, or ``reasoning_text`` of a reasoning item."""
+
+    type: Literal["output_text", "reasoning_text"]
     text: str
-    annotations: list[str]  # always empty
+    annotations: list[str] | None = None  # output_text only; always empty
 
 
 class OutputItem(msgspec.Struct, kw_only=True):
-    """An item of a response's ``output``: a ``message`` (``role``, ``content``) or a
-    ``function_call`` (``call_id``, ``name``, ``arguments``)."""
+    """An item of a response's ``output``: a ``reasoning`` item (``content``, an empty ``summary``;
+    with --reasoning-parser), a ``message`` (``role``, ``content``) or a ``function_call``
+    (``call_id``, ``name``, ``arguments``)."""
 
-    type: Literal["message", "function_call"]
+    type: Literal["reasoning", "message", "function_call"]
     id: str
     status: Literal["in_progress", "completed", "incomplete"]
     role: Literal["assistant"] | None = None
     content: list[OutputText] | None = None
+    summary: list[dict[str, Any]] | None = None  # reasoning items: always empty
     call_id: str | None = None
     name: str | None = None
     arguments: str | None = None
@@ -327,8 +339,9 @@ class ResponseObject(msgspec.Struct, kw_only=True):
 class ResponseStreamEvent(msgspec.Struct, kw_only=True):
     """One SSE event of a streamed response (the event's name is its ``type``): ``response.created``,
     ``response.in_progress``, ``response.output_item.added``/``.done``, ``response.content_part.added``/
-    ``.done``, ``response.output_text.delta``/``.done``, ``response.function_call_arguments.delta``/
-    ``.done``, then ``response.completed`` or ``response.incomplete``; ``error`` if generation failed."""
+    ``.done``, ``response.reasoning_text.delta``/``.done``, ``response.output_text.delta``/``.done``,
+    ``response.function_call_arguments.delta``/``.done``, then ``response.completed`` or
+    ``response.incomplete``; ``error`` if generation failed."""
 
     type: str
     sequence_number: int

@@ -4,7 +4,8 @@
 A request is translated into a chat completion (``responses_body.py``) and served by the chat
 route's checks, tokenizing, tool calling and engine submission (``Routes.prepare_chat``,
 ``Routes.start``); this module turns the one choice's output into Responses output items
-(a ``message`` with ``output_text``, ``function_call`` items) and the Responses stream events.
+(a ``reasoning`` item with ``reasoning_text`` under ``--reasoning-parser``, a ``message`` with
+``output_text``, ``function_call`` items) and the Responses stream events.
 With ``store`` (the default) the conversation is kept for ``previous_response_id`` in a bounded
 in-memory store (``response_store.py``).
 """
@@ -25,6 +26,7 @@ from starlette.responses import Response
 from trillium.engine_client import EngineOverloaded, StreamOutput
 from trillium.protocol import FinishReason, SamplingParams
 from trillium.server.accounting import RequestAccount
+from trillium.server.choice_split import ChoiceSplitter, OutputParsing, ReasoningDelta
 from trillium.server.disconnect import unless_disconnected
 from trillium.server.errors import APIError, overloaded
 from trillium.server.openai_shapes import ChoiceFanout, JSONObject, error_payload
@@ -32,8 +34,7 @@ from trillium.server.response_store import ResponseStore
 from trillium.server.responses_body import ResponsesRequest, chat_request, check_supported, input_messages
 from trillium.server.routes import Routes, json_response, named_errors, raise_on_failure
 from trillium.server.schema import ChatMessage, FunctionCallBody, ToolCallBody, decode_body
-from trillium.server.tool_calls import ToolCalling
-from trillium.tools import ContentDelta, ToolCallParser, ToolCallReady
+from trillium.tools import ContentDelta, ToolCallReady
 
 _encoder = msgspec.json.Encoder()
 
@@ -75,7 +76,8 @@ class ResponsesRoutes:
         with _responses_params():
             prompt_ids, sampling, calling = await self.routes.prepare_chat(chat, account)
         fanout = await self.routes.start(chat, [prompt_ids], sampling, account)
-        builder = ResponseBuilder(account.request_id, self.routes.client.model_name, body, sampling, calling)
+        parsing = self.routes.output_parsing(calling, sampling)
+        builder = ResponseBuilder(account.request_id, self.routes.client.model_name, body, sampling, parsing)
 
         def keep(response: JSONObject) -> None:
             if body.store:
@@ -164,17 +166,17 @@ class ResponseBuilder:
         model: str,
         body: ResponsesRequest,
         sampling: SamplingParams,
-        calling: ToolCalling | None,
+        parsing: OutputParsing | None,
     ) -> None:
         self.request_id = request_id
         self.response_id = request_id  # resp_...: the account names it
         self.model = model
         self.body = body
         self.sampling = sampling
-        self.parser: ToolCallParser | None = calling.new_parser() if calling is not None else None
+        self.splitter: ChoiceSplitter | None = parsing.new_splitter() if parsing is not None else None
         self.created = int(time.time())
         self.items: list[JSONObject] = []
-        self._message: JSONObject | None = None  # the open message item
+        self._open: JSONObject | None = None  # the message or reasoning item whose text is still coming
         self._sequence = 0
         self.finish_reason: FinishReason | None = None
 
@@ -186,72 +188,73 @@ class ResponseBuilder:
     def feed(self, out: StreamOutput) -> list[JSONObject]:
         """The events this output adds (a non-streamed response ignores them)."""
         events: list[JSONObject] = []
-        if self.parser is None:
-            parsed: list[ContentDelta | ToolCallReady] = [ContentDelta(out.text)] if out.text else []
+        if self.splitter is None:
+            parsed: list[ContentDelta | ReasoningDelta | ToolCallReady] = [ContentDelta(out.text)] if out.text else []
         else:
-            parsed = self.parser.feed(out.text) if out.text else []
-            if out.finish_reason is not None:
-                parsed += self.parser.finish()
+            parsed = self.splitter.feed(out.text, out.token_ids, out.finish_reason)
         for piece in parsed:
             if isinstance(piece, ContentDelta):
-                events += self._text(piece.text)
+                events += self._text(piece.text, "message")
+            elif isinstance(piece, ReasoningDelta):
+                events += self._text(piece.text, "reasoning")
             else:
-                events += self._close_message()
+                events += self._close_open()
                 events += self._call(piece)
         if out.finish_reason is not None:
             self.finish_reason = out.finish_reason
-            if not self.items and self._message is None:
-                events += self._text("")  # an empty answer is an empty message, as OpenAI gives it
-            events += self._close_message()
+            if not self.items and self._open is None:
+                events += self._text("", "message")  # an empty answer is an empty message, as OpenAI gives it
+            events += self._close_open()
         return events
 
-    def _text(self, text: str) -> list[JSONObject]:
+    def _text(self, text: str, kind: str) -> list[JSONObject]:
+        """Text of the open ``kind`` item (``message`` or ``reasoning``), opened first if another
+        (or none) is open."""
         events: list[JSONObject] = []
-        message = self._message
-        if message is None:
-            message = self._message = {
-                "type": "message",
-                "id": f"msg_{uuid.uuid4().hex}",
-                "status": "in_progress",
-                "role": "assistant",
-                "content": [],
-            }
+        item = self._open
+        if item is not None and item["type"] != kind:
+            events += self._close_open()
+            item = None
+        if item is None:
+            item = self._open = _new_item(kind)
             index = len(self.items)
-            self.items.append(message)
-            events.append(self.event("response.output_item.added", output_index=index, item=_copy(message)))
-            part = {"type": "output_text", "text": "", "annotations": []}
-            message["content"].append(part)
+            self.items.append(item)
+            events.append(self.event("response.output_item.added", output_index=index, item=_copy(item)))
+            part: JSONObject = {"type": _PARTS[kind][0], "text": ""}
+            if kind == "message":
+                part["annotations"] = []
+            item["content"].append(part)
             events.append(
                 self.event(
-                    "response.content_part.added", item_id=message["id"], output_index=index, content_index=0, part=part
+                    "response.content_part.added", item_id=item["id"], output_index=index, content_index=0, part=part
                 )
             )
         if text:
-            message["content"][0]["text"] += text
+            item["content"][0]["text"] += text
             events.append(
                 self.event(
-                    "response.output_text.delta",
-                    item_id=message["id"],
-                    output_index=self.items.index(message),
+                    f"{_PARTS[kind][1]}.delta",
+                    item_id=item["id"],
+                    output_index=self.items.index(item),
                     content_index=0,
                     delta=text,
                 )
             )
         return events
 
-    def _close_message(self) -> list[JSONObject]:
-        message = self._message
-        if message is None:
+    def _close_open(self) -> list[JSONObject]:
+        item = self._open
+        if item is None:
             return []
-        self._message = None
-        index = self.items.index(message)
-        part = message["content"][0]
-        message["status"] = "completed"
-        ids = {"item_id": message["id"], "output_index": index, "content_index": 0}
+        self._open = None
+        index = self.items.index(item)
+        part = item["content"][0]
+        item["status"] = "completed"
+        ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
         return [
-            self.event("response.output_text.done", **ids, text=part["text"]),
+            self.event(f"{_PARTS[item['type']][1]}.done", **ids, text=part["text"]),
             self.event("response.content_part.done", **ids, part=part),
-            self.event("response.output_item.done", output_index=index, item=_copy(message)),
+            self.event("response.output_item.done", output_index=index, item=_copy(item)),
         ]
 
     def _call(self, ready: ToolCallReady) -> list[JSONObject]:
@@ -315,16 +318,45 @@ class ResponseBuilder:
             "store": body.store,
             "metadata": body.metadata or {},
             "user": body.user,
-            "usage": _usage(usage) if usage is not None else None,
+            "usage": _usage(usage, self.num_reasoning_tokens) if usage is not None else None,
         }
 
+    @property
+    def num_reasoning_tokens(self) -> int:
+        return self.splitter.num_reasoning_tokens if self.splitter is not None else 0
 
-def _usage(usage: JSONObject) -> JSONObject:
+
+# An output item kind with text -> (its content part's type, its text events' prefix)
+_PARTS = {
+    "message": ("output_text", "response.output_text"),
+    "reasoning": ("reasoning_text", "response.reasoning_text"),
+}
+
+
+def _new_item(kind: str) -> JSONObject:
+    if kind == "reasoning":
+        return {
+            "type": "reasoning",
+            "id": f"rs_{uuid.uuid4().hex}",
+            "summary": [],
+            "status": "in_progress",
+            "content": [],
+        }
+    return {
+        "type": "message",
+        "id": f"msg_{uuid.uuid4().hex}",
+        "status": "in_progress",
+        "role": "assistant",
+        "content": [],
+    }
+
+
+def _usage(usage: JSONObject, num_reasoning_tokens: int) -> JSONObject:
     return {
         "input_tokens": usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
         "output_tokens": usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": num_reasoning_tokens},
         "total_tokens": usage["total_tokens"],
     }
 

@@ -33,9 +33,11 @@ class InputPart(msgspec.Struct, kw_only=True):
 
 
 class InputItem(msgspec.Struct, kw_only=True):
-    """One item of ``input``: a message, an earlier ``function_call`` or a ``function_call_output``."""
+    """One item of ``input``: a message, an earlier ``function_call`` or a ``function_call_output``,
+    or an earlier ``reasoning`` item (a client hands a response's output back whole; a thinking
+    model's template leaves earlier turns' reasoning out, so it is skipped)."""
 
-    type: Literal["message", "function_call", "function_call_output"] = "message"
+    type: Literal["message", "function_call", "function_call_output", "reasoning"] = "message"
     role: Role | None = None
     content: str | list[InputPart] | None = None
     id: str | None = None
@@ -136,6 +138,8 @@ def input_messages(body: ResponsesRequest) -> list[ChatMessage]:
         return [ChatMessage(role="user", content=body.input)]
     out: list[ChatMessage] = []
     for i, item in enumerate(body.input):
+        if item.type == "reasoning":
+            continue
         if item.type == "function_call":
             if not item.name or item.call_id is None:
                 raise APIError("a function_call item needs call_id and name", param=f"input[{i}]")

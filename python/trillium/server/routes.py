@@ -30,6 +30,7 @@ from trillium.protocol.messages import SEED_MAX
 from trillium.runtime import Health, Snapshot
 from trillium.server import sse
 from trillium.server.accounting import Accounting, RequestAccount
+from trillium.server.choice_split import ChoiceSplitter, OutputParsing, ReasoningDelta
 from trillium.server.disconnect import unless_disconnected
 from trillium.server.errors import APIError, overloaded
 from trillium.server.limits import InputLimits
@@ -41,9 +42,11 @@ from trillium.server.openai_shapes import (
     ResponseShape,
     TokenLogprobs,
     error_payload,
+    reasoning_usage,
 )
 from trillium.server.openapi import package_version
 from trillium.server.public_prefixes import PublicPrefixes
+from trillium.server.reasoning import ReasoningFormat, reasoning_format
 from trillium.server.schema import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -51,6 +54,7 @@ from trillium.server.schema import (
     TokenizeBody,
     chat_logprobs,
     chat_messages,
+    chat_template_kwargs,
     chat_tools,
     completion_logprobs,
     decode_body,
@@ -98,6 +102,37 @@ class Routes:
         """The input limits with the engine's defaults filled in (on first use: building the routes
         asks nothing of the client)."""
         return self._limits.for_engine(self.client.max_model_len, self.client.num_kv_tokens)
+
+    @functools.cached_property
+    def _reasoning(self) -> tuple[ReasoningFormat, int | None, bool] | None:
+        """The served model's reasoning format (``--reasoning-parser``), the id of the one token
+        that spells its closing tag (None: the vocabulary has none), and whether its tags are
+        special tokens (text that skips special tokens would lose them); None without a parser.
+        Read on first use."""
+        if self.client.reasoning_parser is None:
+            return None
+        fmt = reasoning_format(self.client.reasoning_parser)
+        tokenizer = self.client.tokenizer
+        end_ids = tokenizer.encode(fmt.close_tag)
+        special = any(len(ids) == 1 and not tokenizer.decode(ids) for ids in (end_ids, tokenizer.encode(fmt.open_tag)))
+        return fmt, end_ids[0] if len(end_ids) == 1 else None, special
+
+    def output_parsing(self, calling: ToolCalling | None, sampling: SamplingParams) -> OutputParsing | None:
+        """How a prepared chat request's outputs are split (``choice_split.py``): its reasoning, under
+        ``--reasoning-parser``, and its tool calls; None when there is neither. An output that a
+        grammar writes from its first token (structured output, a required or named tool call)
+        starts inside no reasoning, whatever the prompt opened: it has reasoning only if it opens
+        a think section itself (``tool_choice: auto`` leaves the model free to think first).
+        (Responses and Messages share it.)"""
+        reasoning = self._reasoning
+        if reasoning is None and calling is None:
+            return None
+        if reasoning is None:
+            return OutputParsing(None, calling)
+        fmt, end_token_id, _ = reasoning
+        if fmt.starts_inside and not _starts_free(calling, sampling):
+            fmt = dataclasses.replace(fmt, starts_inside=False)
+        return OutputParsing(fmt, calling, end_token_id)
 
     @functools.cached_property
     def _tool_format(self) -> tuple[ToolFormat, bool]:
@@ -189,7 +224,8 @@ class Routes:
 
     async def _chat_body(self, body: ChatCompletionRequest, account: RequestAccount) -> Response:
         prompt_ids, sampling, calling = await self.prepare_chat(body, account)
-        return await self._run(body, [prompt_ids], sampling, account, chat=True, tool_calls=calling)
+        parsing = self.output_parsing(calling, sampling)
+        return await self._run(body, [prompt_ids], sampling, account, chat=True, parsing=parsing)
 
     async def prepare_chat(
         self, body: ChatCompletionRequest, account: RequestAccount
@@ -211,7 +247,9 @@ class Routes:
         self._check_structured(body, sampling)
         if calling.active:
             sampling = self._tool_sampling(calling, sampling)
-        prompt_ids = await self._chat_prompt_ids(messages, template_tools)
+        if self._reasoning is not None and self._reasoning[2]:
+            sampling = msgspec.structs.replace(sampling, skip_special_tokens=False)  # keep the tags in the text
+        prompt_ids = await self._chat_prompt_ids(messages, template_tools, chat_template_kwargs(body))
         self._check_length(len(prompt_ids), sampling.max_tokens, "messages")
         self._check_tokens(len(prompt_ids), sampling.max_tokens, body.n)
         self.limits.check_prompt_logprobs(len(prompt_ids), sampling.prompt_logprobs, 1)  # chat: once, at the top
@@ -249,9 +287,11 @@ class Routes:
             raise APIError(str(exc), param=exc.param) from None
         return messages, template_tools, calling
 
-    async def _chat_prompt_ids(self, messages: list[Any], template_tools: list[Any] | None) -> list[int]:
+    async def _chat_prompt_ids(
+        self, messages: list[Any], template_tools: list[Any] | None, template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
         self.limits.check_prompt_chars(_with_tool_text(messages, template_tools), "messages")
-        return await self._tokenize(messages=messages, tools=template_tools)
+        return await self._tokenize(messages=messages, tools=template_tools, chat_template_kwargs=template_kwargs)
 
     async def render_chat(self, request: Request) -> Response:
         """vLLM's ``POST /v1/chat/completions/render``: a chat request's prompt token ids, exactly
@@ -356,7 +396,11 @@ class Routes:
             self.limits.check_body(messages=body.messages)
             messages = chat_messages(ChatCompletionRequest(messages=body.messages))
             self.limits.check_prompt_chars(messages, "messages")
-            tokens = await self._tokenize(messages=messages, add_generation_prompt=body.add_generation_prompt)
+            tokens = await self._tokenize(
+                messages=messages,
+                add_generation_prompt=body.add_generation_prompt,
+                chat_template_kwargs=chat_template_kwargs(body),
+            )
         else:
             assert body.prompt is not None
             self.limits.check_prompt_chars(body.prompt, "prompt")
@@ -476,17 +520,18 @@ class Routes:
         *,
         chat: bool,
         echo: list[str] | None = None,
-        tool_calls: ToolCalling | None = None,
+        parsing: OutputParsing | None = None,
         score_only: bool = False,
     ) -> Response:
         """Run the request's choices (``body.n`` per prompt) and answer in the endpoint's shape;
-        ``echo``: each prompt's text, to put before its choices' text (completions);
+        ``echo``: each prompt's text, to put before its choices' text (completions); ``parsing``:
+        how a chat choice's text splits into reasoning, content and tool calls;
         ``score_only``: leave the generated tokens out (echo with ``max_tokens: 0``)."""
         fanout = await self.start(body, prompts, sampling, account)
         tokenizer = self.client.tokenizer
         formatter = LogprobsFormatter(tokenizer, chat) if sampling.logprobs is not None else None
         vllm_prompt = LogprobsFormatter(tokenizer, chat) if body.prompt_logprobs is not None else None
-        shape = ResponseShape(account.request_id, self.client.model_name, chat, formatter, tool_calls, vllm_prompt)
+        shape = ResponseShape(account.request_id, self.client.model_name, chat, formatter, parsing, vllm_prompt)
         echoed = _Echo(prompts, echo, echo is not None and formatter is not None, score_only)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -695,6 +740,7 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
         _ChoiceLogprobs(shape.logprobs, len(echo.text(i // per_prompt))) if shape.logprobs else None for i in range(n)
     ]
     vllm_prompt: list[list[JSONObject | None] | None] = [None] * n
+    splitters = _splitters(shape, n)
     started = [False] * n
     closed: set[int] = set()
     unsatisfied: dict[int, str] = {}
@@ -703,6 +749,9 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
             i, out = item
             out = echo.shown(out)
             parts[i].append(out.text)
+            splitter = splitters[i]
+            if splitter is not None:
+                splitter.feed(out.text, out.token_ids, out.finish_reason)
             choice_logprobs = logprobs[i]
             if not started[i]:
                 started[i] = True
@@ -726,10 +775,11 @@ async def _full_response(fanout: ChoiceFanout, shape: ResponseShape, echo: _Echo
     return json_response(
         shape.full(
             choices,
-            echo.usage(fanout.usage()),
+            reasoning_usage(echo.usage(fanout.usage()), splitters),
             vllm_prompt if shape.prompt_logprobs is not None else None,
             frozenset(closed),
             unsatisfied,
+            splitters,
         )
     )
 
@@ -746,6 +796,18 @@ def raise_on_failure(out: StreamOutput) -> None:
             type="server_overloaded",
             headers={"Retry-After": "1"},
         )
+
+
+def _splitters(shape: ResponseShape, n: int) -> list[ChoiceSplitter | None]:
+    """A splitter per choice of a chat request whose outputs are parsed (None each otherwise)."""
+    parsing = shape.parsing if shape.chat else None
+    return [parsing.new_splitter() if parsing is not None else None for _ in range(n)]
+
+
+def _starts_free(calling: ToolCalling | None, sampling: SamplingParams) -> bool:
+    """Whether the model writes its output's start freely: nothing constrains it, or only a
+    tool-call grammar that lets text come before a call (``tool_choice: auto``)."""
+    return sampling.structured is None or (calling is not None and calling.choice.mode == "auto")
 
 
 def _tool_call_deltas(ready: ToolCallReady) -> list[JSONObject]:
@@ -768,7 +830,7 @@ async def _sse_body(
     logprobs = [
         _ChoiceLogprobs(shape.logprobs, len(echo.text(i // per_prompt))) if shape.logprobs else None for i in range(n)
     ]
-    parsers = [shape.tool_calls.new_parser() if shape.tool_calls else None for _ in range(n)]
+    splitters = _splitters(shape, n)
     try:
         while True:
             try:
@@ -799,24 +861,24 @@ async def _sse_body(
                 break
             lp = choice_logprobs.add(out.token_ids, out.logprobs) if choice_logprobs is not None else None
             reason_name = reason.openai_name if reason is not None else None
-            parser = parsers[i]
+            splitter = splitters[i]
             text: str | None = out.text or None
-            if parser is not None:
-                events = parser.feed(out.text) if out.text else []
-                if reason is not None:
-                    events += parser.finish()
+            if splitter is not None:
                 text = ""
-                for event in events:
-                    if isinstance(event, ContentDelta):
-                        text += event.text
+                for piece in splitter.feed(out.text, out.token_ids, reason):
+                    if isinstance(piece, ContentDelta):
+                        text += piece.text
                         continue
-                    if text:  # content before the call goes first
+                    if text:  # content before a call goes first
                         yield sse.event(shape.chunk(i, text, None))
                         text = ""
-                    for delta in _tool_call_deltas(event):
+                    if isinstance(piece, ReasoningDelta):  # (reasoning comes before any content)
+                        yield sse.event(shape.chunk(i, None, None, reasoning=piece.text))
+                        continue
+                    for delta in _tool_call_deltas(piece):
                         yield sse.event(shape.chunk(i, None, None, tool_calls=[delta]))
                 text = text or None
-                if reason == FinishReason.STOP and parser.calls:
+                if reason == FinishReason.STOP and splitter.calls:
                     reason_name = "tool_calls"
             if text or reason is not None or lp:
                 yield sse.event(
@@ -832,7 +894,7 @@ async def _sse_body(
         usage = echo.usage(fanout.usage())
         await account.finish_committed(usage)
         if include_usage:
-            yield sse.event(shape.usage_chunk(usage))
+            yield sse.event(shape.usage_chunk(reasoning_usage(usage, splitters)))
         yield sse.DONE
     finally:
         fanout.abort()

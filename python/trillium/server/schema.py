@@ -142,6 +142,8 @@ class ChatCompletionRequest(_Common, kw_only=True):
     tools: list[ToolBody] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # default: auto with tools
     parallel_tool_calls: bool = True
+    # vLLM's extension: more variables for the chat template (``{"enable_thinking": false}``)
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -166,6 +168,7 @@ class TokenizeBody(msgspec.Struct, kw_only=True):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # as in a chat request
 
 
 class DetokenizeBody(msgspec.Struct, kw_only=True):
@@ -221,6 +224,23 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, Any]]:
             message["name"] = m.name
         out.append(message)
     return out
+
+
+# What the chat template is given by the server itself: a request's variables may not replace them.
+_TEMPLATE_ARGUMENTS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+
+
+def chat_template_kwargs(request: ChatCompletionRequest | TokenizeBody) -> dict[str, Any] | None:
+    """The request's ``chat_template_kwargs`` (its type, an object, is checked while decoding),
+    or None; 400 naming the key that would replace one of the template's own arguments."""
+    kwargs = request.chat_template_kwargs
+    for key in kwargs or {}:
+        if key in _TEMPLATE_ARGUMENTS:
+            raise APIError(
+                f"chat_template_kwargs may not set {key!r}: the server renders it from the request",
+                param=f"chat_template_kwargs.{key}",
+            )
+    return kwargs or None
 
 
 def chat_tools(request: ChatCompletionRequest) -> tuple[list[FunctionTool], ToolChoice]:

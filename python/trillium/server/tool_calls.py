@@ -60,9 +60,10 @@ class ToolCalling:
     def new_parser(self) -> ToolCallParser:
         return make_parser(self.fmt, frozenset(t.name for t in self.tools))
 
-    def split(self, text: str) -> tuple[str, list[dict[str, Any]]]:
-        """A whole choice's text -> (content, OpenAI ``tool_calls``): the streaming parser, fed once."""
+    def split(self, text: str, *, cut: bool = False) -> tuple[str, list[dict[str, Any]]]:
+        """A whole choice's text -> (content, OpenAI ``tool_calls``): the streaming parser, fed once.
+        ``cut``: the output was cut short (``max_tokens``): a call it was writing is dropped."""
         parser = self.new_parser()
-        events = parser.feed(text) + parser.finish()
+        events = parser.feed(text) + parser.finish(cut=cut)
         content = "".join(e.text for e in events if isinstance(e, ContentDelta))
         return content, [call.openai() for call in parser.calls]

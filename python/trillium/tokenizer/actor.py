@@ -76,7 +76,11 @@ class TokenizerActor(Actor):
     def encode(self, message: TokenizeRequest) -> list[int]:
         """Chat messages are rendered with the model's template first (its special tokens included)."""
         if message.messages is not None:
-            extra = {"tools": message.tools} if message.tools else {}
+            # The request's variables (``enable_thinking``, ...); the frontend refuses any that names
+            # an argument given here (messages, tools, add_generation_prompt, bos_token, eos_token).
+            extra = dict(message.chat_template_kwargs or {})
+            if message.tools:
+                extra["tools"] = message.tools
             text = self.tokenizer.apply_chat_template(
                 message.messages, add_generation_prompt=message.add_generation_prompt, **extra
             )

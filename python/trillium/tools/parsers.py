@@ -3,9 +3,10 @@
 A parser is fed a choice's text as it is generated and returns events: :class:`ContentDelta`
 (text that is message content) and :class:`ToolCallReady` (a whole call, once its closing
 delimiter arrived). A call is handed out only complete and parsed, so a client never sees a
-broken entry in ``tool_calls``: a call cut short (``max_tokens``) or not valid comes out as
-content instead, at :meth:`ToolCallParser.finish`. Text that may begin a call opener is held
-back until it is known not to, like a stop string.
+broken entry in ``tool_calls``; and call markup is never content: a call cut short
+(``max_tokens``) is dropped at :meth:`ToolCallParser.finish`, as is a block that is no call of
+an offered tool (the request's grammar lets none through). Text that may begin a call opener is
+held back until it is known not to, like a stop string.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ class ToolCallParser:
     def feed(self, text: str) -> list[Event]:
         raise NotImplementedError
 
-    def finish(self) -> list[Event]:
+    def finish(self, *, cut: bool = False) -> list[Event]:
+        """What is still held back, at the end of the output: content, never a call's markup.
+        ``cut``: the output was cut short (``max_tokens``), so that held-back text that begins a
+        call opener is an opener cut short, not text."""
         raise NotImplementedError
 
     def _call(self, obj: Any) -> ToolCallReady | None:
@@ -86,11 +90,12 @@ class HermesParser(ToolCallParser):
                 found = self._call_end()
                 if found is None:
                     return events
-                body_end, end, obj = found
-                body, self._buf = self._buf[:body_end], self._buf[end:].lstrip()
+                _, end, obj = found
+                self._buf = self._buf[end:].lstrip()
                 self._in_call = False
                 ready = self._call(obj) if obj is not None else None
-                events.append(ready or ContentDelta(f"{OPEN}{body}{CLOSE}"))
+                if ready is not None:  # (a block that is no call is dropped: its markup is not content)
+                    events.append(ready)
                 continue
             start = self._buf.find(OPEN)
             if start >= 0:
@@ -122,7 +127,7 @@ class HermesParser(ToolCallParser):
             try:
                 obj, after = self._decoder.raw_decode(self._buf, start)
             except json.JSONDecodeError:
-                return None  # unfinished (a grammar never lets it be invalid; finish() flushes it)
+                return None  # unfinished (a grammar never lets it be invalid; finish() drops it)
             stripped = self._buf[after:].lstrip()
             if stripped.startswith(CLOSE):
                 end = len(self._buf) - len(stripped)
@@ -132,9 +137,13 @@ class HermesParser(ToolCallParser):
         close = self._buf.find(CLOSE, after or 0)  # no valid call: content up to the closing tag
         return (close, close + len(CLOSE), None) if close >= 0 else None
 
-    def finish(self) -> list[Event]:
-        rest = (OPEN if self._in_call else "") + self._buf
+    def finish(self, *, cut: bool = False) -> list[Event]:
+        rest, in_call = self._buf, self._in_call
         self._buf, self._in_call = "", False
+        if in_call:
+            return []  # a call that never closed: cut short, its text is not content
+        if cut and (keep := _partial_suffix(rest, OPEN)):
+            rest = rest[: len(rest) - keep].rstrip()  # an opener cut short, and the whitespace before it
         if not rest or (self.calls and not rest.strip()):
             return []
         return [ContentDelta(rest)]
@@ -191,11 +200,13 @@ class Llama3JsonParser(ToolCallParser):
         """``text`` without the "; " that separates calls."""
         return text.lstrip().removeprefix(";").lstrip()
 
-    def finish(self) -> list[Event]:
+    def finish(self, *, cut: bool = False) -> list[Event]:
         rest, self._buf = self._buf, ""
-        if not rest.strip() and (self.calls or self._mode != "text"):
-            return []
-        return [ContentDelta(rest)]
+        # Held back outside text mode: a call cut short, or the start of one (<|python_tag|>,
+        # whitespace): never content. (Text mode holds nothing back.)
+        if self._mode == "text" and rest:
+            return [ContentDelta(rest)]
+        return []
 
 
 def make_parser(fmt: ToolFormat, names: frozenset[str]) -> ToolCallParser:
