@@ -115,3 +115,30 @@ def test_chat_template_kwargs(client, reasoning_server):
             url + "/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, "chat_template_kwargs": kwargs}
         )
         assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_required_tool_call_under_a_reasoning_parser(client):
+    """The call grammar lets a think section in before the call (the default model writes none):
+    the call comes back whole, with no reasoning and no content."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=60,
+        temperature=0,
+    )
+    message = chat.choices[0].message
+    assert chat.choices[0].finish_reason == "tool_calls"
+    assert [c.function.name for c in message.tool_calls] == ["get_weather"]
+    assert message.content is None and getattr(message, "reasoning_content", None) is None

@@ -185,6 +185,37 @@ def test_reasoning_then_a_tool_call(step):
     assert kinds[-1] is ToolCallReady
 
 
+@pytest.mark.parametrize("name", ["qwen3", "deepseek_r1"])
+def test_required_calls_are_constrained_only_after_the_reasoning(compiler, tok, name):
+    """A thinking model may reason before a required call: the call grammar lets its think section
+    in (optional where the model opens it, required where the prompt did) and constrains the
+    calls after it; the reasoning may hold neither the closing tag nor a call opener."""
+    fmt = reasoning_format(name)
+    tools = ToolCalling([WEATHER], ToolChoice("required"), False, FALLBACK, False, reasoning=fmt)
+    assert (
+        tools.lets_reasoning_first
+        and not ToolCalling([WEATHER], ToolChoice("required"), False, FALLBACK, False).lets_reasoning_first
+    )
+    constraint = tools.constraint()
+    assert constraint is not None
+    grammar = compiler.compile(constraint)
+
+    def accepts(text: str) -> bool:
+        matcher = grammar.new_matcher()
+        return all(matcher.accept(t) for t in tok.encode(text)) and matcher.is_accepting
+
+    assert accepts("<think>\nThe user wants the weather.\n</think>\n\n" + CALL)
+    assert accepts("Oslo, then.</think>\n" + CALL) == fmt.starts_inside  # R1: the prompt opened it
+    assert accepts(CALL) == (not fmt.starts_inside)  # R1 must close the reasoning first
+    assert not accepts("<think>a " + CALL + "</think>" + CALL)  # no call inside the reasoning
+    assert not accepts("<think>a</think>Sure. " + CALL)  # after it, the call and nothing else
+    assert not accepts("<think>a</think>\n" + CALL.replace("Oslo", 'Oslo"}, "x": "1'))  # arguments still checked
+    # with the grammar's own first token a call, the split still reads the reasoning and the call
+    splitter = OutputParsing(fmt, tools).new_splitter()
+    splitter.feed("<think>\nWeather.\n</think>\n\n" + CALL, (), FinishReason.STOP)
+    assert (splitter.reasoning, splitter.content, [c.name for c in splitter.calls]) == ("Weather.", "", ["get_weather"])
+
+
 def test_a_call_cut_by_max_tokens_leaks_no_markup_after_reasoning():
     splitter = OutputParsing(QWEN3, calling()).new_splitter()
     splitter.feed("<think>Weather.</think>" + CALL[:30], (), FinishReason.LENGTH)

@@ -120,9 +120,9 @@ class Routes:
     def output_parsing(self, calling: ToolCalling | None, sampling: SamplingParams) -> OutputParsing | None:
         """How a prepared chat request's outputs are split (``choice_split.py``): its reasoning, under
         ``--reasoning-parser``, and its tool calls; None when there is neither. An output that a
-        grammar writes from its first token (structured output, a required or named tool call)
-        starts inside no reasoning, whatever the prompt opened: it has reasoning only if it opens
-        a think section itself (``tool_choice: auto`` leaves the model free to think first).
+        grammar writes from its first token (structured output) starts inside no reasoning,
+        whatever the prompt opened: it has reasoning only if it opens a think section itself; a
+        tool-call grammar lets the model think first (``ToolCalling.lets_reasoning_first``).
         (Responses and Messages share it.)"""
         reasoning = self._reasoning
         if reasoning is None and calling is None:
@@ -278,7 +278,8 @@ class Routes:
         self.limits.check_body(messages=body.messages, logit_bias=body.logit_bias, stop=body.stop)
         messages = chat_messages(body)
         tools, choice = chat_tools(body)
-        calling = ToolCalling(tools, choice, body.parallel_tool_calls, *self._tool_format)
+        reasoning = self._reasoning[0] if self._reasoning is not None else None
+        calling = ToolCalling(tools, choice, body.parallel_tool_calls, *self._tool_format, reasoning=reasoning)
         for i, tool in enumerate(tools):
             self.limits.check_structured(StructuredOutputs(json=tool.parameters), f"tools[{i}].function.parameters")
         try:
@@ -806,8 +807,8 @@ def _splitters(shape: ResponseShape, n: int) -> list[ChoiceSplitter | None]:
 
 def _starts_free(calling: ToolCalling | None, sampling: SamplingParams) -> bool:
     """Whether the model writes its output's start freely: nothing constrains it, or only a
-    tool-call grammar that lets text come before a call (``tool_choice: auto``)."""
-    return sampling.structured is None or (calling is not None and calling.choice.mode == "auto")
+    tool-call grammar that lets it reason first."""
+    return sampling.structured is None or (calling is not None and calling.lets_reasoning_first)
 
 
 def _tool_call_deltas(ready: ToolCallReady) -> list[JSONObject]:

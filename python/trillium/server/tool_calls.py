@@ -23,6 +23,7 @@ from trillium.tools import (
 )
 
 if TYPE_CHECKING:
+    from trillium.server.reasoning import ReasoningFormat
     from trillium.tokenizer import Tokenizer
 
 
@@ -33,6 +34,7 @@ class ToolCalling:
     parallel: bool
     fmt: ToolFormat
     special_tags: bool  # the call delimiters are special tokens: keep special tokens in the text
+    reasoning: ReasoningFormat | None = None  # the model thinks first (--reasoning-parser): let it
 
     @staticmethod
     def model_format(tokenizer: Tokenizer) -> tuple[ToolFormat, bool]:
@@ -53,8 +55,22 @@ class ToolCalling:
         out, extra = prepare_conversation(messages, self.tools if self.active else [], self.fmt)
         return out, extra.get("tools")
 
+    @property
+    def lets_reasoning_first(self) -> bool:
+        """The call grammar lets the model reason before its calls: ``auto`` lets any text come
+        first; ``required`` and a named function let a think section in (``tools/grammar.py``)
+        when the model thinks and writes Hermes calls."""
+        return self.choice.mode == "auto" or (self.reasoning is not None and self.fmt.name == "hermes")
+
     def constraint(self) -> StructuredOutputs | None:
-        grammar = tool_grammar(self.tools, self.choice, self.parallel, self.fmt, special_tags=self.special_tags)
+        grammar = tool_grammar(
+            self.tools,
+            self.choice,
+            self.parallel,
+            self.fmt,
+            special_tags=self.special_tags,
+            reasoning=self.reasoning,
+        )
         return StructuredOutputs(grammar=grammar) if grammar is not None else None
 
     def new_parser(self) -> ToolCallParser:

@@ -8,25 +8,50 @@ one). The frontend compiles the result like any ``structured_outputs.grammar``; 
 names the format (``structured/call_checks.py``), so that keywords of a tool's schema that no
 grammar expresses (``uniqueItems``, ``not``, ...) are relaxed out and checked as each call is
 generated, as for a JSON Schema constraint.
+
+A thinking model (``reasoning``: the server's ``--reasoning-parser`` format) reasons before it
+calls: with ``required`` or a named function, a Hermes grammar lets a think section come first
+-- optional where the model opens it (``<think>`` ... ``</think>``), required where the prompt
+opened it (the output starts inside it and must close it) -- so the calls are constrained only
+after the reasoning ends. Its text is free but for the closing tag and the call opener (a call
+checker finds calls by their opener). ``auto`` lets any text come first already.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from trillium.protocol.structured import CALLS_HEADER, JSON_OPTIONS
 from trillium.tools.formats import ToolFormat
 from trillium.tools.spec import FunctionTool, ToolChoice
 
 
+class ReasoningMarkers(Protocol):
+    """How a thinking model marks its reasoning (``server/reasoning.py``'s ``ReasoningFormat``)."""
+
+    @property
+    def open_tag(self) -> str: ...
+    @property
+    def close_tag(self) -> str: ...
+    @property
+    def starts_inside(self) -> bool: ...
+
+
 def tool_grammar(
-    tools: list[FunctionTool], choice: ToolChoice, parallel: bool, fmt: ToolFormat, *, special_tags: bool = False
+    tools: list[FunctionTool],
+    choice: ToolChoice,
+    parallel: bool,
+    fmt: ToolFormat,
+    *,
+    special_tags: bool = False,
+    reasoning: ReasoningMarkers | None = None,
 ) -> str | None:
     """The grammar for this request, or None when calls are off (``tool_choice: none``).
 
     ``special_tags``: ``<tool_call>``/``</tool_call>`` are single special tokens of the vocabulary
-    (Qwen), written as tokens in the grammar rather than as text."""
+    (Qwen), written as tokens in the grammar rather than as text. ``reasoning``: the model's
+    think section, let in before ``required`` or named calls (module docstring)."""
     if choice.mode == "none" or not tools:
         return None
     offered = [t for t in tools if choice.mode != "function" or t.name == choice.name]
@@ -54,7 +79,22 @@ def tool_grammar(
             start = f"start: TEXT | head call_body{rest}\nhead[lazy]: /(?s:.*)<tool_call>/"
             text = r"TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/"
         return "\n".join([*lines, start, text, r"SEP: /\n/", body])
-    return "\n".join([*lines, f"start: {opener} call_body{rest}", r"SEP: /\n/", body])
+    if reasoning is None:
+        return "\n".join([*lines, f"start: {opener} call_body{rest}", r"SEP: /\n/", body])
+    head = "think WS? " if reasoning.starts_inside else "(think WS?)? "
+    opened = "" if reasoning.starts_inside else _regex_text(reasoning.open_tag)
+    think = f"think[lazy]: /{opened}(?s:.*){_regex_text(reasoning.close_tag)}/ & ~/(?s:.*){_regex_text('<tool_call>')}(?s:.*)/"
+    start = f"start: {head}{opener} call_body{rest}"
+    return "\n".join([*lines, start, think, r"WS: /[ \t\n]+/", r"SEP: /\n/", body])
+
+
+_REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~/")
+
+
+def _regex_text(text: str) -> str:
+    """``text`` as a literal inside a Lark ``/regex/`` (only the regex's own metacharacters and the
+    delimiter escaped: ``\\<`` would be a word boundary)."""
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
 
 
 def _call_schema(tool: FunctionTool, args_key: str) -> dict[str, Any]:
