@@ -20,9 +20,11 @@ decode kernels' rows). ``--decode-windows`` bounds the second (it costs a step p
 
 Modes (``trillium.models.load_model``): ``exact`` = dense fp32 (the Hugging Face parity path, the
 reference); ``quantized`` = the file's quantized blocks with fp32 activations; ``quantized-int8``
-= activations rounded to int8 per block (llama.cpp's way); ``bf16`` = dense bf16 weights and
+= activations rounded to int8 per block (llama.cpp's way); ``quantized-int16`` = to int16 per
+block (``--weights quantized-int16``); ``bf16`` = dense bf16 weights and
 activations; ``fp32-kv-bf16`` = exact arithmetic over a bf16 KV cache; ``quantized-kv-bf16`` =
-``quantized`` over a bf16 KV cache (``--kv-cache-dtype bf16``); ``auto`` = what the
+``quantized`` over a bf16 KV cache (``--kv-cache-dtype bf16``); ``quantized-int16-kv-bf16``
+likewise over int16 activations; ``auto`` = what the
 server's default flags (``--precision auto``) resolve to for this file on this CPU. A mode this
 file or CPU cannot run is reported with the reason. Prints one JSON object per mode, then a table; the
 contract (DESIGN.md section 9): ``kld <= 0.005``, ``top1 >= 0.98``, ``ppl <= 1.01 x exact's``.
@@ -45,23 +47,27 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe
 from trillium.config import EngineConfig
-from trillium.launch import resolve_weights
+from trillium.launch import resolve_weights, weight_activations
 from trillium.models import default_model_path, load_model
 from trillium.ops.attention import AttentionMetadata
+from trillium.ops.quant_linear import Activations
 from trillium.tokenizer import load_tokenizer
 
 HELD_TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "held_text.txt")
 WINDOW = 512
 BLOCK_SIZE = 16
-# mode -> (weights dtype, quantized, int8 activations, KV dtype or None for the weights')
+EXACT, INT8, INT16 = Activations.EXACT, Activations.INT8, Activations.INT16
+# mode -> (weights dtype, quantized, quantized matmuls' activations, KV dtype or None for the weights')
 MODES = {
-    "exact": (torch.float32, False, False, None),
-    "quantized": (torch.float32, True, False, None),
-    "quantized-int8": (torch.float32, True, True, None),
-    "bf16": (torch.bfloat16, False, False, None),
-    "fp32-kv-bf16": (torch.float32, False, False, torch.bfloat16),
-    "quantized-kv-bf16": (torch.float32, True, False, torch.bfloat16),  # --kv-cache-dtype bf16
-    "auto": (torch.float32, False, False, None),  # resolved per file and CPU: auto_mode()
+    "exact": (torch.float32, False, EXACT, None),
+    "quantized": (torch.float32, True, EXACT, None),
+    "quantized-int8": (torch.float32, True, INT8, None),
+    "quantized-int16": (torch.float32, True, INT16, None),
+    "bf16": (torch.bfloat16, False, EXACT, None),
+    "fp32-kv-bf16": (torch.float32, False, EXACT, torch.bfloat16),
+    "quantized-kv-bf16": (torch.float32, True, EXACT, torch.bfloat16),  # --kv-cache-dtype bf16
+    "quantized-int16-kv-bf16": (torch.float32, True, INT16, torch.bfloat16),
+    "auto": (torch.float32, False, EXACT, None),  # resolved per file and CPU: auto_mode()
 }
 CONTRACT = {"kld": 0.005, "top1": 0.98, "ppl_ratio": 1.01}
 
@@ -122,17 +128,16 @@ class Runner:
         return torch.cat(rows)
 
 
-def auto_mode(path: str) -> tuple[torch.dtype, bool, bool, torch.dtype | None]:
+def auto_mode(path: str) -> tuple[torch.dtype, bool, int, torch.dtype | None]:
     """What ``trillium serve --model path`` computes with by default, as a MODES entry."""
     config = resolve_weights(EngineConfig(model=path, speculative_config=None), path)
-    quantized, int8 = config.weights != "dense", config.weights == "quantized-int8"
-    return config.torch_dtype, quantized, int8, config.torch_kv_dtype
+    return config.torch_dtype, config.weights != "dense", weight_activations(config.weights), config.torch_kv_dtype
 
 
 def load(path: str, mode: str) -> tuple[Runner | None, str | None]:
-    dtype, quantized, int8, kv_dtype = auto_mode(path) if mode == "auto" else MODES[mode]
+    dtype, quantized, activations, kv_dtype = auto_mode(path) if mode == "auto" else MODES[mode]
     try:
-        model, _ = load_model(path, dtype, progress=False, quantized=quantized, int8_activations=int8)
+        model, _ = load_model(path, dtype, progress=False, quantized=quantized, activations=activations)
     except ValueError as exc:
         return None, str(exc)
     return Runner(model, kv_dtype), None

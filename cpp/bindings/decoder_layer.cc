@@ -127,7 +127,7 @@ void bind_decoder_layer(py::module_& m) {
              int32_t num_requests, bool decode, std::uintptr_t query_start_loc, std::uintptr_t context_lens,
              std::uintptr_t block_tables, int64_t block_table_stride, std::uintptr_t slot_mapping,
              std::uintptr_t positions, std::uintptr_t rope_cos, std::uintptr_t rope_sin, int64_t rope_max_positions,
-             float attn_scale, bool int8_activations, int num_threads) {
+             float attn_scale, int32_t activations, int num_threads) {
             DecoderStepArgs s;
             s.num_tokens = num_tokens;
             s.num_requests = num_requests;
@@ -142,14 +142,14 @@ void bind_decoder_layer(py::module_& m) {
             s.rope_sin = from_address<const float>(rope_sin);
             s.rope_max_positions = rope_max_positions;
             s.attn_scale = attn_scale;
-            s.int8_activations = int8_activations;
+            s.activations = static_cast<QuantActivations>(activations);
             s.num_threads = num_threads;
             self.forward(hidden, residual, s);
           },
           py::arg("hidden"), py::arg("residual"), py::arg("num_tokens"), py::arg("num_requests"), py::arg("decode"),
           py::arg("query_start_loc"), py::arg("context_lens"), py::arg("block_tables"),
           py::arg("block_table_stride"), py::arg("slot_mapping"), py::arg("positions"), py::arg("rope_cos"),
-          py::arg("rope_sin"), py::arg("rope_max_positions"), py::arg("attn_scale"), py::arg("int8_activations"),
+          py::arg("rope_sin"), py::arg("rope_max_positions"), py::arg("attn_scale"), py::arg("activations"),
           py::arg("num_threads"),
           "Run every layer on hidden [T, H] (in: embeddings; out: the last layer's MLP output) and "
           "residual [T, H] (out: the residual stream before it). Releases the GIL; ValueError on bad sizes.");

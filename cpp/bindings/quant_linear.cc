@@ -84,7 +84,7 @@ void bind_quant_linear(py::module_& m) {
       "quant_linear",
       [](std::uintptr_t x, int64_t num_rows, int64_t x_stride, int64_t out_features, int64_t in_features, int32_t bits,
          std::uintptr_t codes, std::uintptr_t scales, std::uintptr_t mins, std::uintptr_t sub_scales, std::uintptr_t bias,
-         std::uintptr_t out, int64_t out_stride, int num_threads, bool int8_activations) {
+         std::uintptr_t out, int64_t out_stride, int num_threads, int32_t activations) {
         QuantLinearArgs a;
         a.x = from_address<const float>(x);
         a.num_rows = num_rows;
@@ -94,15 +94,16 @@ void bind_quant_linear(py::module_& m) {
         a.out = from_address<float>(out);
         a.out_stride = out_stride;
         a.num_threads = num_threads;
-        a.int8_activations = int8_activations;
+        a.activations = static_cast<QuantActivations>(activations);
         run_without_gil([&] { return quant_linear(a); });
       },
       py::arg("x"), py::arg("num_rows"), py::arg("x_stride"), py::arg("out_features"), py::arg("in_features"),
       py::arg("bits"), py::arg("codes"), py::arg("scales"), py::arg("mins"), py::arg("sub_scales"), py::arg("bias"),
       py::arg("out"),
-      py::arg("out_stride"), py::arg("num_threads") = 0, py::arg("int8_activations") = false,
+      py::arg("out_stride"), py::arg("num_threads") = 0, py::arg("activations") = 0,
       "out[M, N] = x[M, K] . W^T (+ bias) with a packed block-quantized W; fp32 x and out (pointers). "
-      "int8_activations: round x to int8 per 32-block (faster, approximate) instead of exact fp32.");
+      "activations: 0 exact fp32, 1 rounded to int8 per 32-block, 2 rounded to int16 per 32-block "
+      "(quant_linear.h).");
 }
 
 }  // namespace trillium::bindings

@@ -31,7 +31,7 @@ Status linear(const DecoderStepArgs& s, const float* x, int64_t x_stride, const 
   a.out = out;
   a.out_stride = weight.out_features();
   a.num_threads = s.num_threads;
-  a.int8_activations = s.int8_activations;
+  a.activations = s.activations;
   return quant_linear_parts(a, weight);
 }
 

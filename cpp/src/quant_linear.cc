@@ -57,6 +57,34 @@ void quantize_rows_portable(const float* x, int64_t x_stride, int64_t row_begin,
   }
 }
 
+void quantize_rows_i16_portable(const float* x, int64_t x_stride, int64_t row_begin, int64_t row_end, int64_t K,
+                                int16_t* codes, float* scale, float* scaled_sum16, float* scaled_sum32) {
+  const int64_t nb = K / kQuantBlock;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + r * x_stride + b * kQuantBlock;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < kQuantBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      float d = 0.0f, id = 0.0f;
+      kernels::quant_block_scale_i16(amax, &d, &id);
+      int32_t sum[2] = {0, 0};
+      int16_t* q = codes + r * K + b * kQuantBlock;
+      for (int64_t i = 0; i < kQuantBlock; ++i) {
+        const float v = std::nearbyint(xb[i] * id);  // ties to even, as cvtps2dq
+        const int32_t c = static_cast<int32_t>(std::min(32767.0f, std::max(-32767.0f, v)));
+        // Quad order [k0, k2, k1, k3] (kernels/quant_linear_i16.h).
+        const int64_t j = i % 4;
+        q[i - j + (j == 1 ? 2 : j == 2 ? 1 : j)] = static_cast<int16_t>(c);
+        sum[i / 16] += c;
+      }
+      scale[r * nb + b] = d;
+      scaled_sum16[r * 2 * nb + 2 * b] = d * static_cast<float>(sum[0]);
+      scaled_sum16[r * 2 * nb + 2 * b + 1] = d * static_cast<float>(sum[1]);
+      scaled_sum32[r * nb + b] = d * static_cast<float>(sum[0] + sum[1]);
+    }
+  }
+}
+
 // Code of weight (column c of group g, k) in the packed layout.
 inline int32_t packed_code(const QuantWeightView& w, int64_t g, int64_t c, int64_t k) {
   const int64_t nb = w.in_features / kQuantBlock, b = k / kQuantBlock, kk = k % kQuantBlock;
@@ -115,6 +143,39 @@ void gemm_portable(const QuantActs& a, const QuantWeightView& w, int64_t row_beg
   }
 }
 
+// The int16 path's reference (kernels/quant_linear_i16.h): per scale block, the exact integer dot
+// product, then acc = fma(float(dot), d * sx, acc) and acc = fma(m, scaled sum, acc).
+void gemm_i16_portable(const kernels::QuantActs16& a, const QuantWeightView& w, int64_t row_begin, int64_t row_end,
+                       int64_t group_begin, int64_t group_end, const float* bias, float* out, int64_t out_stride) {
+  const int64_t nb = a.blocks, K = a.in_features, N = w.out_features;
+  const int64_t sb = kernels::quant_scale_blocks(w.bits), size = kQuantBlock / sb;
+  static constexpr int64_t kUnpermute[4] = {0, 2, 1, 3};  // where k0..k3 sit in a quad
+  for (int64_t g = group_begin; g < group_end; ++g) {
+    for (int64_t c = 0; c < kQuantGroupCols; ++c) {
+      const int64_t n = g * kQuantGroupCols + c;
+      if (n >= N) break;
+      for (int64_t r = row_begin; r < row_end; ++r) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; ++b) {
+          const int16_t* q = a.codes + r * K + b * kQuantBlock;
+          for (int64_t s = 0; s < sb; ++s) {
+            int32_t dot = 0;
+            for (int64_t kk = s * size; kk < (s + 1) * size; ++kk) {
+              dot += packed_code(w, g, c, b * kQuantBlock + kk) * q[kk - kk % 4 + kUnpermute[kk % 4]];
+            }
+            float dw = 0.0f, mw = 0.0f;
+            packed_scale_min(w, g, c, b * kQuantBlock + s * size, &dw, &mw);
+            const float ss = sb == 2 ? a.scaled_sum16[r * 2 * nb + 2 * b + s] : a.scaled_sum32[r * nb + b];
+            acc = std::fma(static_cast<float>(dot), dw * a.scale[r * nb + b], acc);
+            acc = std::fma(mw, ss, acc);
+          }
+        }
+        out[r * out_stride + n] = bias ? acc + bias[n] : acc;
+      }
+    }
+  }
+}
+
 // The exact path, in the same fma order as the SIMD panels: w = fma(code, scale, min), then
 // acc = fma(w, x, acc) along k.
 void gemm_f32_portable(const float* x, int64_t x_stride, const QuantWeightView& w, int64_t row_begin,
@@ -155,7 +216,7 @@ const QuantLinearKernels& active_kernels() {
 
 namespace kernels {
 QuantLinearKernels quant_linear_portable_kernels() {
-  return {quantize_rows_portable, gemm_portable, gemm_f32_portable};
+  return {quantize_rows_portable, gemm_portable, gemm_f32_portable, quantize_rows_i16_portable, gemm_i16_portable};
 }
 }  // namespace kernels
 
@@ -306,7 +367,12 @@ Status quant_linear(const QuantLinearArgs& a) {
   if (a.x_stride < w.in_features || a.out_stride < w.out_features) {
     return bad("x_stride must be >= in_features and out_stride >= out_features");
   }
-  if (a.int8_activations && ((w.bits != 4 && w.bits != 8) || w.sub_scales)) {
+  if (a.activations != QuantActivations::kExact && a.activations != QuantActivations::kInt8 &&
+      a.activations != QuantActivations::kInt16) {
+    return bad("activations must be exact, int8 or int16");
+  }
+  const bool int8 = a.activations == QuantActivations::kInt8;
+  if (int8 && ((w.bits != 4 && w.bits != 8) || w.sub_scales)) {
     return bad("int8 activations take 4- and 8-bit weights with per-block scales, got " + std::to_string(w.bits) +
                " bits" + (w.sub_scales ? " with two-level scales" : ""));
   }
@@ -322,7 +388,7 @@ Status quant_linear(const QuantLinearArgs& a) {
 #if defined(_OPENMP)
   const int threads = a.num_threads > 0 ? a.num_threads : omp_get_max_threads();
 #endif
-  if (!a.int8_activations) {
+  if (a.activations == QuantActivations::kExact) {
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) num_threads(threads)
 #endif
@@ -334,6 +400,37 @@ Status quant_linear(const QuantLinearArgs& a) {
       const auto panel_floats = static_cast<size_t>(K * kQuantTileGroups * kQuantGroupCols);
       if (panel.size() < panel_floats) panel.resize(panel_floats);
       k.gemm_f32(a.x, a.x_stride, w, r0, r1, g0, g1, a.bias, a.out, a.out_stride, panel.data());
+    }
+    return Status::Ok();
+  }
+  if (a.activations == QuantActivations::kInt16) {
+    // Per calling thread, reused: a decode step calls this ~7 times a layer.
+    thread_local std::vector<int16_t> codes16;
+    thread_local std::vector<float> scale16, sum16, sum32;
+    codes16.resize(static_cast<size_t>(M * K));
+    scale16.resize(static_cast<size_t>(M * nb));
+    sum16.resize(static_cast<size_t>(M * nb * 2));
+    sum32.resize(static_cast<size_t>(M * nb));
+    const kernels::QuantActs16 acts{codes16.data(), scale16.data(), sum16.data(), sum32.data(), K, nb};
+    int16_t* c16 = codes16.data();
+    float *s16 = scale16.data(), *u16 = sum16.data(), *u32 = sum32.data();
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads)
+#endif
+    {
+#if defined(_OPENMP)
+#pragma omp for schedule(static)
+#endif
+      for (int64_t r = 0; r < M; ++r) k.quantize16(a.x, a.x_stride, r, r + 1, K, c16, s16, u16, u32);
+#if defined(_OPENMP)
+#pragma omp for schedule(static)
+#endif
+      for (int64_t item = 0; item < items; ++item) {
+        const int64_t chunk = item / group_items, gi = item % group_items;
+        const int64_t r0 = chunk * kRowChunk, r1 = std::min(M, r0 + kRowChunk);
+        const int64_t g0 = gi * kGroupsPerItem, g1 = std::min(groups, g0 + kGroupsPerItem);
+        k.gemm16(acts, w, r0, r1, g0, g1, a.bias, a.out, a.out_stride);
+      }
     }
     return Status::Ok();
   }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/isa_target.h"
 #include "kernels/quant_linear_impl.h"
@@ -25,6 +26,14 @@ namespace ql_avx2 {
 // drafts) ran 10-25% faster per projection direct (bench/RESULTS.md).
 constexpr int64_t kMaxDirectRows = 8;
 #include "kernels/quant_linear_simd.h"
+// int16 path: rows per tile and the largest rows x groups tile (16 registers).
+constexpr int kI16Rows = 4;
+constexpr int kI16MaxTile = 4;
+// Up to kI16DirectRows rows read codes straight into registers; more go through a panel, in
+// register tiles of kI16PanelRows rows x 2 groups.
+constexpr int64_t kI16DirectRows = 4;
+constexpr int kI16PanelRows = 4;
+#include "kernels/quant_linear_i16.h"
 }  // namespace ql_avx2
 }  // namespace trillium::kernels
 
@@ -32,7 +41,7 @@ TRILLIUM_TARGET_END
 
 namespace trillium::kernels {
 QuantLinearKernels quant_linear_avx2_kernels() {
-  return {ql_avx2::quantize_rows_avx2, ql_avx2::gemm_avx2, ql_avx2::gemm_f32_avx2};
+  return {ql_avx2::quantize_rows_avx2, ql_avx2::gemm_avx2, ql_avx2::gemm_f32_avx2, ql_avx2::quantize_rows_i16, ql_avx2::gemm_i16};
 }
 }  // namespace trillium::kernels
 

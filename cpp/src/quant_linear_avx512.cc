@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/isa_target.h"
 #include "kernels/quant_linear_impl.h"
@@ -28,6 +29,14 @@ namespace ql_avx512 {
 // The exact path's tiles are the 512-bit ones (quant_linear_zmm.h), not the 256-bit ones.
 #define TRILLIUM_QL_EXACT_ZMM
 #include "kernels/quant_linear_simd.h"
+// int16 path: rows per tile and the largest rows x groups tile (32 registers).
+constexpr int kI16Rows = 6;
+constexpr int kI16MaxTile = 8;
+// Up to kI16DirectRows rows read codes straight into registers; more go through a panel, in
+// register tiles of kI16PanelRows rows x 2 groups.
+constexpr int64_t kI16DirectRows = 4;
+constexpr int kI16PanelRows = 6;
+#include "kernels/quant_linear_i16.h"
 #include "kernels/quant_linear_zmm.h"
 #undef TRILLIUM_QL_EXACT_ZMM
 }  // namespace ql_avx512
@@ -37,7 +46,8 @@ TRILLIUM_TARGET_END
 
 namespace trillium::kernels {
 QuantLinearKernels quant_linear_avx512_kernels() {
-  return {ql_avx512::quantize_rows_avx2, ql_avx512::gemm_avx2, ql_avx512::gemm_f32_avx512};
+  return {ql_avx512::quantize_rows_avx2, ql_avx512::gemm_avx2, ql_avx512::gemm_f32_avx512, ql_avx512::quantize_rows_i16,
+          ql_avx512::gemm_i16};
 }
 }  // namespace trillium::kernels
 

@@ -252,7 +252,7 @@ class DecoderStack:
         rope_sin: int,
         rope_max_positions: int,
         attn_scale: float,
-        int8_activations: bool,
+        activations: int,
         num_threads: int,
     ) -> None:
         """Run every layer (addresses); releases the GIL; ValueError on bad sizes."""
@@ -330,10 +330,10 @@ def quant_linear(
     out: int,
     out_stride: int,
     num_threads: int = 0,
-    int8_activations: bool = False,
+    activations: int = 0,
 ) -> None:
     """out[M, N] = x[M, K] . W^T (+ bias) with a packed block-quantized W; fp32 x and out (pointers).
-    int8_activations: round x to int8 per 32-block (faster, approximate) instead of exact fp32."""
+    activations: 0 exact fp32, 1 rounded to int8 per 32-block, 2 to int16 (quant_linear.h)."""
 
 # Fused decoder-layer ops (cpp/include/trillium/kernels/layer_ops.h); typed wrappers: trillium.ops.layer_ops.
 def rms_norm(

@@ -55,9 +55,10 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         "--weights",
         default="auto",
         choices=list(WEIGHT_FORMATS),
-        help="auto: run a GGUF file's Q4_0/Q4_1/Q8_0 weights with the quantized kernel where this "
-        "CPU can (fp32, AVX2); quantized-int8: also round activations to int8 (faster, "
-        "approximate, as llama.cpp); dense: dequantize at load",
+        help="auto: run a GGUF file's quantized weights with the quantized kernel where this CPU can "
+        "(AVX2), with int16 activations under --precision auto on AVX2, else exact; quantized: fp32 "
+        "activations (exact); quantized-int16: activations rounded to int16 per block (near-exact, "
+        "faster); quantized-int8: to int8 (approximate, as llama.cpp); dense: dequantize at load",
     )
     parser.add_argument(
         "--precision",

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-WEIGHT_FORMATS = ("auto", "quantized", "quantized-int8", "dense")
+WEIGHT_FORMATS = ("auto", "quantized", "quantized-int16", "quantized-int8", "dense")
 # auto: the fastest arithmetic whose quality is measured to hold on this CPU (bench/quality.py,
 # DESIGN.md section 9); exact: fp32 everywhere, bit-faithful to Hugging Face.
 PRECISIONS = ("auto", "exact")
@@ -158,8 +158,9 @@ class EngineConfig:
     # e.g. tcp://*:5557, for vllm-router's kv_aware policy (cluster/kv_events.py). None: off.
     kv_events_endpoint: str | None = None
     # auto: keep a GGUF file's Q4_0/Q4_1/Q8_0 projections quantized where the C++ kernel runs them
-    # (fp32 activations, AVX2 CPU), else dense; quantized: require that; quantized-int8: also round
-    # activations to int8 (llama.cpp's way: faster, approximate); dense: always dequantize.
+    # (AVX2 CPU), else dense; quantized: require that, fp32 activations (exact); quantized-int16:
+    # round activations to int16 per 32-block (near-exact, faster); quantized-int8: to int8
+    # (llama.cpp's way: approximate); dense: always dequantize.
     weights: str = "auto"
     num_threads: int | None = None  # torch / OpenMP threads; None = TRILLIUM_NUM_THREADS or all cores
     # Structured output: refuse a JSON Schema whose ``format`` the server does not know (400), as
@@ -203,7 +204,7 @@ class EngineConfig:
         if self.precision == "exact":
             for name, value, wrong in (
                 ("dtype", self.dtype, ("bf16", "bfloat16")),
-                ("weights", self.weights, ("quantized-int8",)),
+                ("weights", self.weights, ("quantized-int8", "quantized-int16")),
                 ("kv_cache_dtype", self.kv_cache_dtype, ("bf16",)),
             ):
                 if value in wrong:

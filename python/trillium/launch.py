@@ -25,6 +25,8 @@ from trillium.models import default_model_path, load_model
 from trillium.models.config import ModelConfig
 from trillium.models.registry import can_run_quantized
 from trillium.models.step_buckets import StepBuckets
+from trillium.ops.cpu_isa import kernel_isa
+from trillium.ops.quant_linear import Activations
 from trillium.runtime import (
     GRAMMAR_INBOX_BOUND,
     INBOX_BOUND,
@@ -44,17 +46,22 @@ from trillium.tokenizer.actor import TokenizerActor
 log = logging.getLogger("trillium")
 
 
+def weight_activations(weights: str) -> Activations:
+    """How a resolved ``--weights`` value's quantized matmuls treat their activations."""
+    return {"quantized-int8": Activations.INT8, "quantized-int16": Activations.INT16}.get(weights, Activations.EXACT)
+
+
 def resolve_weights(config: EngineConfig, path: str) -> EngineConfig:
     """``config`` with ``weights`` and ``dtype`` settled for this model file on this machine.
 
     Pure: returns a new config, ``config`` is unchanged. ``weights`` becomes ``dense``,
-    ``quantized`` or ``quantized-int8``. With ``--dtype auto`` and ``--weights auto``, a model
+    ``quantized``, ``quantized-int16`` or ``quantized-int8`` (``auto``: see :func:`auto_quantized`). With ``--dtype auto`` and ``--weights auto``, a model
     whose projections the quantized kernel takes is served that way in fp32 even on a CPU with
     native bf16: measured on an AVX512-BF16 EPYC, quantized fp32 decoded 1.3-1.7x (1 stream) and
     1.0-1.2x (32 streams) faster than dense bf16 (docs/decisions/quantized-weights.md).
     On a GPU the quantized kernels do not run: ``auto`` is ``dense`` there (a GGUF file's blocks
     are dequantized to the dtype, bf16 by default, at load).
-    Raises ValueError when ``quantized`` or ``quantized-int8`` was asked for and cannot run here.
+    Raises ValueError when a quantized format was asked for and cannot run here.
     """
     if config.weights == "dense":
         return config
@@ -65,17 +72,26 @@ def resolve_weights(config: EngineConfig, path: str) -> EngineConfig:
         and config.dtype != "fp32"
         and can_run_quantized(path, torch.float32, device)[0]
     ):
-        return dataclasses.replace(config, dtype="fp32", weights="quantized")
+        return dataclasses.replace(config, dtype="fp32", weights=auto_quantized(config))
     if config.weights != "auto" and config.dtype_auto and config.dtype != "fp32":
         # An explicit quantized format implies the fp32 activations its kernels take.
         config = dataclasses.replace(config, dtype="fp32")
-    ok, why = can_run_quantized(path, config.torch_dtype, device, int8_activations=config.weights == "quantized-int8")
+    ok, why = can_run_quantized(path, config.torch_dtype, device, activations=weight_activations(config.weights))
     if config.weights != "auto" and not ok:
         raise ValueError(f"--weights {config.weights}: {why}")
     if not ok:
         log.info("dense weights: %s", why)
         return dataclasses.replace(config, weights="dense")
-    return dataclasses.replace(config, weights="quantized" if config.weights == "auto" else config.weights)
+    return dataclasses.replace(config, weights=auto_quantized(config) if config.weights == "auto" else config.weights)
+
+
+def auto_quantized(config: EngineConfig) -> str:
+    """The quantized ``--weights`` mode ``auto`` picks: int16 activations under ``--precision auto``
+    where they are measured faster than exact fp32 -- the AVX2 kernels (bench/RESULTS.md,
+    "int16 activations"; their quality: a mean KL divergence to exact of ~1e-6) -- else exact."""
+    if config.precision == "auto" and kernel_isa() == "avx2":
+        return "quantized-int16"
+    return "quantized"
 
 
 def _check_gpu_support(config: ModelConfig) -> None:
@@ -92,10 +108,10 @@ def _check_gpu_support(config: ModelConfig) -> None:
 
 def precision_report(config: EngineConfig) -> dict[str, str]:
     """What a resolved config computes with (``/stats``, the start-up log, ``trillium inspect``)."""
-    int8 = config.weights == "quantized-int8"
+    activations = weight_activations(config.weights)
     return {
         "precision": config.precision,
-        "activations": "int8" if int8 else config.dtype,
+        "activations": config.dtype if activations == Activations.EXACT else activations.name.lower(),
         "weights": "dense" if config.weights == "dense" else "quantized",
         "kv_cache_dtype": config.kv_dtype,
     }
@@ -143,7 +159,6 @@ class Engine:
         self.path = path = config.model or default_model_path()
         self.config = config = resolve_weights(config, path)
         quantized = config.weights != "dense"
-        int8 = config.weights == "quantized-int8"
         self.precision = precision_report(config)
         log.info(
             "loading model from %s; precision %s: %s activations, %s weights, %s KV cache",
@@ -155,7 +170,12 @@ class Engine:
         )
         device = config.device or "cpu"
         self.model, self.model_config = load_model(
-            path, dtype=config.torch_dtype, device=device, progress=progress, quantized=quantized, int8_activations=int8
+            path,
+            dtype=config.torch_dtype,
+            device=device,
+            progress=progress,
+            quantized=quantized,
+            activations=weight_activations(config.weights),
         )
         if device != "cpu":
             _check_gpu_support(self.model_config)
@@ -214,7 +234,7 @@ class Engine:
             max_catch_up_tokens=config.max_tokens_per_step,
             dtype=draft.torch_dtype,
             quantized=draft.weights != "dense",
-            int8_activations=draft.weights == "quantized-int8",
+            activations=weight_activations(draft.weights),
             progress=progress,
             device=config.device or "cpu",
         )

@@ -132,7 +132,7 @@ def print_report(path: str, as_json: bool) -> int:
             ),
             (
                 "--weights auto",
-                f"{info['weights_auto']}, {info['dtype_auto']} activations ({info['kernel']} kernel)"
+                f"{info['weights_auto']}, {info['precision']['activations']} activations ({info['kernel']} kernel)"
                 + (f"; dense because {info['why_dense']}" if info["why_dense"] else ""),
             ),
             (

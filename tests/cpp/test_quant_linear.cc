@@ -1,7 +1,8 @@
 // trillium::quant_linear from C++ (no Python): pack random 4-, 5-, 6- and 8-bit codes, with and
-// without mins, run the kernel on every ISA this CPU has, in both activation modes (int8: 4 and 8
-// bits), and compare with naive double loops (the dequantized matmul for exact mode; the same
-// activation rounding for int8 mode); and the row lookup against the same dequantized weights.
+// without mins, run the kernel on every ISA this CPU has, in the three activation modes (int8: 4
+// and 8 bits), and compare with naive double loops (the dequantized matmul for exact mode; the
+// same activation rounding for int8 mode), and bit for bit with a rounding-exact fp32 oracle for
+// int16 mode; and the row lookup against the same dequantized weights.
 // Plain ctest executable.
 #include "trillium/kernels/quant_linear.h"
 
@@ -36,6 +37,46 @@ std::vector<double> naive(const std::vector<float>& x, int64_t M, int64_t K, con
         }
         out[m * N + n] += dot * d * scale[n * nb + b] + mins[n * nb + b] * d * sum;
       }
+    }
+  }
+  return out;
+}
+
+// Rounding-exact oracle of the int16 mode (quant_linear.h, kernels/quant_linear_i16.h), written
+// from the contract: x rounded per row and 32-block to int16 (max|x| / 32767, nearest-even), the
+// integer dot product of each scale block exact, then acc = fma(dot, scale * sx, acc) and
+// acc = fma(min, sx * sum of the scale block's codes, acc) in fp32, block after block.
+std::vector<float> emulate_i16(const std::vector<float>& x, int64_t M, int64_t K, const std::vector<int8_t>& codes,
+                               const std::vector<float>& scale, const std::vector<float>& mins, int64_t N,
+                               int32_t bits) {
+  const int64_t S = bits == 6 ? 16 : 32, ns = K / S, nb = K / 32;
+  std::vector<float> out(static_cast<size_t>(M * N));
+  for (int64_t m = 0; m < M; ++m) {
+    std::vector<int32_t> q(static_cast<size_t>(K));
+    std::vector<float> sx(static_cast<size_t>(nb));
+    for (int64_t b = 0; b < nb; ++b) {
+      float amax = 0.0f;
+      for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[m * K + b * 32 + i]));
+      const float d = amax / 32767.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      sx[b] = d;
+      for (int64_t i = 0; i < 32; ++i) {
+        const float v = std::nearbyint(x[m * K + b * 32 + i] * id);
+        q[b * 32 + i] = static_cast<int32_t>(std::min(32767.0f, std::max(-32767.0f, v)));
+      }
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t s = 0; s < ns; ++s) {
+        int32_t dot = 0, sum = 0;
+        for (int64_t k = s * S; k < (s + 1) * S; ++k) {
+          dot += static_cast<int32_t>(codes[n * K + k]) * q[k];
+          sum += q[k];
+        }
+        const float d = sx[s * S / 32];
+        acc = std::fma(static_cast<float>(dot), scale[n * ns + s] * d, acc);
+        acc = std::fma(mins[n * ns + s], d * static_cast<float>(sum), acc);
+      }
+      out[m * N + n] = acc;
     }
   }
   return out;
@@ -79,6 +120,7 @@ void run(int32_t bits, bool with_mins, int64_t M, int64_t N, int64_t K, std::mt1
     }
   }
   const bool int8_mode = bits == 4 || bits == 8;
+  const std::vector<float> i16_expected = emulate_i16(x, M, K, codes, scale, mins, N, bits);
   std::vector<double> ref;
   double ref_max = 0.0;
   if (int8_mode) {
@@ -97,7 +139,7 @@ void run(int32_t bits, bool with_mins, int64_t M, int64_t N, int64_t K, std::mt1
     a.weight = {N, K, bits, packed.data(), ps.data(), with_mins ? pm.data() : nullptr};
     a.out = out.data();
     a.out_stride = N;
-    a.int8_activations = true;
+    a.activations = trillium::QuantActivations::kInt8;
     if (int8_mode) {
       CHECK_OK(trillium::quant_linear(a));
       double worst = 0.0;
@@ -106,9 +148,26 @@ void run(int32_t bits, bool with_mins, int64_t M, int64_t N, int64_t K, std::mt1
     } else {
       CHECK(trillium::quant_linear(a).code() == trillium::StatusCode::kInvalidArgument);
     }
-    a.int8_activations = false;  // exact mode
+    // int16 mode: bit-identical to the oracle on every ISA, for all rows at once and row by row,
+    // and within its rounding of the exact product.
+    a.activations = trillium::QuantActivations::kInt16;
     CHECK_OK(trillium::quant_linear(a));
+    CHECK(out == i16_expected);
+    std::vector<float> alone(static_cast<size_t>(N));
+    for (int64_t m = 0; m < M; ++m) {
+      trillium::QuantLinearArgs one = a;
+      one.x = x.data() + m * K;
+      one.num_rows = 1;
+      one.out = alone.data();
+      CHECK_OK(trillium::quant_linear(one));
+      CHECK(std::equal(alone.begin(), alone.end(), out.begin() + m * N));
+    }
     double worst = 0.0;
+    for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - dense[i]));
+    CHECK(worst <= 2e-4 * dense_max + 1e-6);
+    a.activations = trillium::QuantActivations::kExact;
+    CHECK_OK(trillium::quant_linear(a));
+    worst = 0.0;
     for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - dense[i]));
     CHECK(worst <= 1e-5 * dense_max + 1e-6);
   }
@@ -177,7 +236,15 @@ void run_two_level(int32_t bits, bool with_mins, int64_t M, int64_t N, int64_t K
     a.out = two.data();
     CHECK_OK(trillium::quant_linear(a));
     CHECK(one == two);
-    a.int8_activations = true;  // the integer loops take per-block scales only
+    a.activations = trillium::QuantActivations::kInt16;  // two-level scales too, the same bits
+    CHECK_OK(trillium::quant_linear(a));
+    a.weight = {N, K, bits, packed.data(), ps.data(), with_mins ? pm.data() : nullptr};
+    a.out = one.data();
+    CHECK_OK(trillium::quant_linear(a));
+    CHECK(one == two);
+    CHECK(one == emulate_i16(x, M, K, codes, scale, mins, N, bits));
+    a.activations = trillium::QuantActivations::kInt8;  // the int8 loops take per-block scales only
+    a.weight = {N, K, bits, packed2.data(), sup.data(), with_mins ? supm.data() : nullptr, subs.data()};
     CHECK(trillium::quant_linear(a).code() == trillium::StatusCode::kInvalidArgument);
   }
 }
@@ -186,6 +253,20 @@ void test_bad_arguments() {
   trillium::QuantLinearArgs a;
   a.num_rows = 1;
   CHECK(trillium::quant_linear(a).code() == trillium::StatusCode::kInvalidArgument);  // bits 0, null weight
+  {
+    float x[32] = {}, y[8] = {};
+    uint8_t w[128] = {};
+    float sc[32] = {};
+    trillium::QuantLinearArgs b;
+    b.x = x;
+    b.num_rows = 1;
+    b.x_stride = 32;
+    b.weight = {8, 32, 4, w, sc, nullptr};
+    b.out = y;
+    b.out_stride = 8;
+    b.activations = static_cast<trillium::QuantActivations>(7);  // no such mode
+    CHECK(trillium::quant_linear(b).code() == trillium::StatusCode::kInvalidArgument);
+  }
   int8_t codes[32] = {};
   codes[5] = 16;  // not a 4-bit code
   float s = 1.0f, m = 0.0f, ps[8], pm[8];

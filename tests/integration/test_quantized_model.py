@@ -2,7 +2,8 @@
 
 Exact mode (the default) must compute what the dense (dequantized, Hugging Face-exact) model
 computes up to fp32 summation order: same greedy continuation, logits within fp32 noise. The
-int8-activation mode (``--weights quantized-int8``) may differ by the activation rounding only:
+int16-activation mode (``--weights quantized-int16``, ``--precision auto``'s choice on AVX2) the
+same greedy continuations, logits within 2e-3. The int8-activation mode (``--weights quantized-int8``) may differ by the activation rounding only:
 each projection within a few per mille, next-token distributions nearly the same.
 """
 
@@ -16,6 +17,7 @@ from trillium.models import default_model_path, load_model
 from trillium.models.llama import QuantLinear
 from trillium.models.registry import can_run_quantized
 from trillium.ops.attention import AttentionMetadata
+from trillium.ops.quant_linear import Activations
 from trillium.tokenizer import load_tokenizer
 
 ok, why = can_run_quantized(default_model_path(), torch.float32)
@@ -33,8 +35,18 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def models():
     dense, _ = load_model(default_model_path(), torch.float32, progress=False)
-    quant, _ = load_model(default_model_path(), torch.float32, progress=False, quantized=True, int8_activations=True)
+    quant, _ = load_model(
+        default_model_path(), torch.float32, progress=False, quantized=True, activations=Activations.INT8
+    )
     return dense, quant
+
+
+@pytest.fixture(scope="module")
+def int16_model():
+    model, _ = load_model(
+        default_model_path(), torch.float32, progress=False, quantized=True, activations=Activations.INT16
+    )
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +114,27 @@ def test_int8_mode_next_token_distribution_matches_dense(models):
         assert cosine > 0.99, (prompt, cosine)
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_one_call_decoder_stack_equals_the_per_operation_path(models, exact_model, int8):
+def test_int16_mode_answers_as_exact_does(models, int16_model):
+    """int16 activations (``--precision auto``'s choice on AVX2) round 256x finer than int8: the
+    logits stay within 2e-3 of exact fp32's and every greedy continuation is the same."""
+    dense, _ = models
+    tokenizer = load_tokenizer(default_model_path())
+    for prompt in PROMPTS:
+        ids = tokenizer.encode(prompt)
+        a, b = last_logits(dense, ids), last_logits(int16_model, ids)
+        assert (a - b).abs().max().item() < 2e-3 * a.abs().max().item(), prompt
+        greedy_dense, greedy_int16 = list(ids), list(ids)
+        for _ in range(8):
+            greedy_dense.append(int(last_logits(dense, greedy_dense).argmax()))
+            greedy_int16.append(int(last_logits(int16_model, greedy_int16).argmax()))
+        assert greedy_int16 == greedy_dense, prompt
+
+
+@pytest.mark.parametrize("mode", ["exact", "int8", "int16"])
+def test_one_call_decoder_stack_equals_the_per_operation_path(models, exact_model, int16_model, mode):
     """The core's one-call layers (ops.decoder_stack) run the same kernels in the same order: a
     mixed step (one prompt being prefilled, two requests decoding) gives bit-identical hidden
-    states and KV to the per-operation Python path, in both activation modes."""
-    model = models[1] if int8 else exact_model
+    states and KV to the per-operation Python path, in every activation mode."""
+    model = {"exact": exact_model, "int8": models[1], "int16": int16_model}[mode]
     tables = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10, 11]]
     assert_stack_equals_per_operation(model, [37, 1, 1], [37, 90, 18], tables, 16)

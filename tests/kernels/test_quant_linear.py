@@ -3,8 +3,9 @@
 Fresh random codes, scales, mins and activations every run, every ISA this CPU runs, every format
 (4-, 5-, 6- and 8-bit codes; GGUF's Q4_0 ... Q6_K). The exact path (fp32 activations) equals a
 float64 matmul over the dequantized weights up to fp32 summation order. In int8 mode (4 and 8 bits)
-the kernel quantizes activations to int8 per 32-block; ``reference_quant_linear`` does the same in
-torch and float64, so the two agree to fp32 rounding. GGUF blocks decode to exactly what the
+the kernel quantizes activations to int8 per 32-block, in int16 mode (every format) to int16;
+``reference_quant_linear`` does the same in torch and float64, so the two agree to fp32 rounding
+(tests/cpp/test_quant_linear.cc checks int16 mode bit for bit against a rounding-exact oracle). GGUF blocks decode to exactly what the
 ``gguf`` package's dequantization returns, bit for bit.
 """
 
@@ -20,6 +21,7 @@ from gguf.quants import dequantize
 from trillium import _core
 from trillium.models.gguf_quant import SUPPORTED, TWO_LEVEL, Blocks, block_codes_from_raw, blocks_from_raw, pack_fused
 from trillium.ops.quant_linear import (
+    Activations,
     BoundQuantLinear,
     QuantWeight,
     dequantize_blocks,
@@ -30,6 +32,8 @@ from trillium.ops.quant_linear import (
 )
 
 ISAS = _core.supported_kernel_isas()
+EXACT, INT8, INT16 = Activations.EXACT, Activations.INT8, Activations.INT16
+MODES = [EXACT, INT8, INT16]
 
 
 @pytest.fixture(autouse=True)
@@ -73,11 +77,54 @@ def test_matches_reference(isa, bits, shape):
         x[-1, 32:64] = 0.0  # an all-zero block: scale 0, no division by zero
     bias = torch.randn(n, generator=gen)
     _core.set_kernel_isa(isa)
-    out = quant_linear(x, weight, bias, int8_activations=True)
+    out = quant_linear(x, weight, bias, activations=INT8)
     ref = reference_quant_linear(x, codes, scale, mins, bias)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
     dense = x.double() @ dequantize_blocks(codes, scale, mins).double().T + bias.double()
     assert ((out.double() - dense).abs().max() / dense.abs().max()).item() < 3e-2
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("bits", ALL_BITS)
+@pytest.mark.parametrize("symmetric", [False, True], ids=["mins", "no-mins"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_int16_mode_matches_its_reference(isa, bits, symmetric, shape):
+    """int16 activations, every format: the kernel's activation rounding and exact integer dots
+    agree with the float64 oracle to fp32 rounding, and stay within 2e-4 of the exact product (a
+    wrong code order or scale would be off by the size of the output)."""
+    m, n, k = shape
+    gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
+    codes, scale, mins = random_weight(n, k, bits, gen, symmetric)
+    weight = QuantWeight.pack(codes, scale, mins, bits)
+    x = torch.randn(m, k, generator=gen) * 3
+    x[0, :5] = 0.0
+    if k >= 64:
+        x[-1, 32:64] = 0.0  # an all-zero block: scale 0
+    bias = torch.randn(n, generator=gen)
+    _core.set_kernel_isa(isa)
+    out = quant_linear(x, weight, bias, activations=INT16).double()
+    ref = reference_quant_linear(x, codes, scale, mins, bias, activations=INT16)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    dense = x.double() @ dequantize_blocks(codes, scale, mins).double().T + bias.double()
+    assert ((out - dense).abs().max() / dense.abs().max()).item() < 2e-4
+
+
+@pytest.mark.parametrize("mode", [EXACT, INT16], ids=lambda m: m.name)
+@pytest.mark.parametrize("bits", ALL_BITS)
+def test_rows_do_not_depend_on_the_batch_in_either_fast_or_exact_mode(bits, mode):
+    """Every row count (the one-row tiles, the few-row tiles, the panel beyond) gives a row the
+    same bits as the row alone, on every ISA: speculation's verify rows equal the decode rows
+    they replace, and a seeded sample does not depend on what else is in the step."""
+    gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
+    codes, scale, mins = random_weight(100, 128, bits, gen)
+    weight = QuantWeight.pack(codes, scale, mins, bits)
+    x = torch.randn(33, 128, generator=gen)
+    _core.set_kernel_isa("portable")
+    expected = torch.cat([quant_linear(x[r : r + 1], weight, activations=mode) for r in range(x.shape[0])])
+    for isa in ISAS:
+        _core.set_kernel_isa(isa)
+        for rows in [*range(1, 10), 13, 25, 33]:
+            assert torch.equal(quant_linear(x[:rows], weight, activations=mode), expected[:rows]), (isa, rows)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -101,10 +148,10 @@ def test_exact_path_matches_dense_matmul(isa, bits, symmetric, shape):
     assert (out.double() - dense).abs().max().item() <= 1e-6 * scale_of * k**0.5
 
 
-@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 @pytest.mark.parametrize("bits", ALL_BITS)
-def test_every_isa_gives_identical_bits(bits, int8):
-    if int8 and bits not in (4, 8):
+def test_every_isa_gives_identical_bits(bits, mode):
+    if mode == INT8 and bits not in (4, 8):
         pytest.skip("int8 activations take 4- and 8-bit weights")
     gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
     codes, scale, mins = random_weight(40, 256, bits, gen)
@@ -113,7 +160,7 @@ def test_every_isa_gives_identical_bits(bits, int8):
     results = []
     for isa in ISAS:
         _core.set_kernel_isa(isa)
-        results.append(quant_linear(x, weight, int8_activations=int8))
+        results.append(quant_linear(x, weight, activations=mode))
     for other in results[1:]:
         assert torch.equal(results[0], other)
 
@@ -144,11 +191,11 @@ def test_strided_rows_out_buffer_and_leading_dims():
     wide = torch.randn(6, 100, generator=gen)
     x = wide[:, 10:74]  # row stride 100, not contiguous
     out = torch.full((6, 24), float("nan"))
-    quant_linear(x, weight, out=out, int8_activations=True)
+    quant_linear(x, weight, out=out, activations=INT8)
     torch.testing.assert_close(
         out.double(), reference_quant_linear(x.contiguous(), codes, scale, mins), rtol=1e-5, atol=1e-4
     )
-    batched = quant_linear(x.reshape(2, 3, 64), weight, int8_activations=True)
+    batched = quant_linear(x.reshape(2, 3, 64), weight, activations=INT8)
     assert batched.shape == (2, 3, 24)
     torch.testing.assert_close(batched.reshape(6, 24), out)
     assert quant_linear(torch.empty(0, 64), weight).shape == (0, 24)
@@ -177,7 +224,7 @@ def test_bad_input_is_rejected():
         quant_linear(torch.randn(2, 32, dtype=torch.bfloat16), weight)
     five = QuantWeight.pack(codes, scale, scale, 5)
     with pytest.raises(ValueError, match="int8 activations take 4- and 8-bit"):
-        quant_linear(torch.randn(2, 32), five, int8_activations=True)
+        quant_linear(torch.randn(2, 32), five, activations=INT8)
 
 
 def test_parts_write_their_columns():
@@ -199,19 +246,19 @@ def test_parts_write_their_columns():
         BoundQuantLinear([singles[0], QuantWeight.pack(*random_weight(8, 64, 4, gen), 4)])
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_bound_op_equals_the_function(int8):
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_bound_op_equals_the_function(mode):
     """BoundQuantLinear (arguments resolved once) gives quant_linear's exact bits, on its short path
     (contiguous [T, K]) and on the checked one (strided rows, leading dims); checks stay in place."""
     gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
     codes, scale, mins = random_weight(24, 64, 4, gen)
     weight = QuantWeight.pack(codes, scale, mins, 4)
     bias = torch.randn(24, generator=gen)
-    op = BoundQuantLinear(weight, bias, int8_activations=int8)
+    op = BoundQuantLinear(weight, bias, activations=mode)
     x = torch.randn(5, 64, generator=gen)
-    assert torch.equal(op(x), quant_linear(x, weight, bias, int8_activations=int8))
+    assert torch.equal(op(x), quant_linear(x, weight, bias, activations=mode))
     strided = torch.randn(5, 100, generator=gen)[:, 3:67]
-    assert torch.equal(op(strided), quant_linear(strided.contiguous(), weight, bias, int8_activations=int8))
+    assert torch.equal(op(strided), quant_linear(strided.contiguous(), weight, bias, activations=mode))
     assert op(x.view(5, 1, 64)).shape == (5, 1, 24)
     with pytest.raises(ValueError, match="features"):
         op(torch.randn(2, 32))
@@ -268,7 +315,11 @@ def test_gguf_blocks_decode_exactly(qtype):
     for isa in ISAS:
         _core.set_kernel_isa(isa)
         for rows in (1, 3, 11):  # one row, the register tiles, the panel path
-            assert torch.equal(quant_linear(x[:1].repeat(rows, 1), served), quant_linear(x[:1].repeat(rows, 1), weight))
+            for mode in (EXACT, INT16):
+                xs = x[:1].repeat(rows, 1)
+                assert torch.equal(
+                    quant_linear(xs, served, activations=mode), quant_linear(xs, weight, activations=mode)
+                )
 
 
 def test_row_lookup_rejects_rows_outside_the_table():
@@ -293,9 +344,9 @@ def test_exact_rows_do_not_depend_on_the_batch(bits):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 @pytest.mark.parametrize("rows", [1, 2, 5])
-def test_zero_mins_are_not_packed_and_change_nothing(isa, int8, rows):
+def test_zero_mins_are_not_packed_and_change_nothing(isa, mode, rows):
     """Symmetric codes (Q8_0: every min 0) pack no mins, and the kernels that then read none give
     the same bits as with an explicit all-zero mins buffer (the one-row, few-row and panel paths)."""
     gen = torch.Generator().manual_seed(np.random.randint(1 << 30))
@@ -307,11 +358,11 @@ def test_zero_mins_are_not_packed_and_change_nothing(isa, int8, rows):
     )
     x = torch.randn(rows, 192, generator=gen)
     _core.set_kernel_isa(isa)
-    lean_out = quant_linear(x, lean, int8_activations=int8)
-    assert torch.equal(lean_out, quant_linear(x, full, int8_activations=int8))
+    lean_out = quant_linear(x, lean, activations=mode)
+    assert torch.equal(lean_out, quant_linear(x, full, activations=mode))
     zero = torch.zeros_like(scale)
-    if int8:
-        ref = reference_quant_linear(x, codes, scale, zero)
+    if mode != EXACT:
+        ref = reference_quant_linear(x, codes, scale, zero, activations=mode)
     else:
         ref = x.double() @ dequantize_blocks(codes, scale, zero).double().T
     torch.testing.assert_close(lean_out.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())

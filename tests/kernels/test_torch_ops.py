@@ -43,17 +43,17 @@ def opcheck(op: torch._ops.OpOverloadPacket, args: tuple) -> None:
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows,n,k", [(1, 96, 64), (5, 40, 576), (3, 8, 32)])
 @pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("int8_activations", [False, True])
-def test_quant_linear(bits, rows, n, k, with_bias, int8_activations):
+@pytest.mark.parametrize("activations", [0, 1, 2], ids=["exact", "int8", "int16"])
+def test_quant_linear(bits, rows, n, k, with_bias, activations):
     weight = random_quant_weight(n, k, bits)
     bias = torch.randn(n) if with_bias else None
     x = torch.randn(rows, k)
-    args = (x, weight.codes, weight.scales, weight.mins, bias, n, k, bits, int8_activations)
-    expected = quant_linear(x, weight, bias, int8_activations=int8_activations)
+    args = (x, weight.codes, weight.scales, weight.mins, bias, n, k, bits, activations)
+    expected = quant_linear(x, weight, bias, activations=activations)
     assert torch.equal(ops.quant_linear(*args), expected)
     # The general path: a 3-D, non-contiguous input.
     x3 = torch.randn(2, k, rows).transpose(1, 2)
-    expected3 = quant_linear(x3, weight, bias, int8_activations=int8_activations)
+    expected3 = quant_linear(x3, weight, bias, activations=activations)
     assert torch.equal(ops.quant_linear(x3, *args[1:]), expected3)
     opcheck(ops.quant_linear, args)
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.unit.test_engine_config import AUTO_QUANTIZED
 from trillium.cli import main
 from trillium.model_info import describe
 from trillium.models import default_model_path
@@ -24,7 +25,7 @@ def test_the_default_model():
     assert {"Q4_1", "Q8_0"} <= set(mix) and sum(g["bytes"] for g in mix.values()) <= info["file_bytes"]
     assert info["chat_template"] and info["tool_calls"].startswith("hermes") and not info["fill_in_the_middle"]
     quantized = can_run_quantized(path, torch.float32)[0]
-    assert info["weights_auto"] == ("quantized" if quantized else "dense")
+    assert info["weights_auto"] == (AUTO_QUANTIZED if quantized else "dense")
     # The KV cache's dtype (--kv-cache-dtype auto): the compute dtype.
     assert info["precision"]["kv_cache_dtype"] == info["dtype_auto"]
     assert info["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * (4 if info["dtype_auto"] == "fp32" else 2)

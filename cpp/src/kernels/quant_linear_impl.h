@@ -18,6 +18,17 @@ struct QuantActs {
   int64_t blocks = 0;                  // K / 32
 };
 
+// Activations quantized to int16 per row and 32-wide block (quant_linear_i16.h): codes in k-quad
+// order [k0, k2, k1, k3], and the block's scale times the sum of its codes per 16 and per 32.
+struct QuantActs16 {
+  const int16_t* codes = nullptr;        // [M][K]  nearbyint(x / scale), quad-permuted
+  const float* scale = nullptr;          // [M][K/32]  max|x| / 32767
+  const float* scaled_sum16 = nullptr;   // [M][K/16]  scale * sum(codes of the 16)
+  const float* scaled_sum32 = nullptr;   // [M][K/32]  scale * sum(codes of the block)
+  int64_t in_features = 0;               // K
+  int64_t blocks = 0;                    // K / 32
+};
+
 // Quantize rows [row_begin, row_end) of x into the buffers (indexed by absolute row).
 using QuantizeRowsFn = void (*)(const float* x, int64_t x_stride, int64_t row_begin, int64_t row_end,
                                 int64_t in_features, int8_t* codes, float* scale, float* scaled_sum);
@@ -33,10 +44,20 @@ using GemmF32Fn = void (*)(const float* x, int64_t x_stride, const QuantWeightVi
                            int64_t row_end, int64_t group_begin, int64_t group_end, const float* bias, float* out,
                            int64_t out_stride, float* panel);
 
+// The int16 path: quantize rows into QuantActs16's buffers; out rows x output groups from them.
+using QuantizeRows16Fn = void (*)(const float* x, int64_t x_stride, int64_t row_begin, int64_t row_end,
+                                  int64_t in_features, int16_t* codes, float* scale, float* scaled_sum16,
+                                  float* scaled_sum32);
+using GemmTile16Fn = void (*)(const QuantActs16& acts, const QuantWeightView& w, int64_t row_begin, int64_t row_end,
+                              int64_t group_begin, int64_t group_end, const float* bias, float* out,
+                              int64_t out_stride);
+
 struct QuantLinearKernels {
   QuantizeRowsFn quantize = nullptr;
   GemmTileFn gemm = nullptr;
   GemmF32Fn gemm_f32 = nullptr;
+  QuantizeRows16Fn quantize16 = nullptr;
+  GemmTile16Fn gemm16 = nullptr;
 };
 
 QuantLinearKernels quant_linear_portable_kernels();
@@ -92,6 +113,12 @@ constexpr float quant_symmetric_offset(int32_t bits) { return bits == 8 ? 0.0f :
 // Scale of one 32-wide activation block and its reciprocal, computed identically by every ISA.
 inline void quant_block_scale(float amax, float* scale, float* inv_scale) {
   *scale = amax / 127.0f;
+  *inv_scale = *scale != 0.0f ? 1.0f / *scale : 0.0f;
+}
+
+// The int16 path's block scale: max|x| / 32767 and its reciprocal.
+inline void quant_block_scale_i16(float amax, float* scale, float* inv_scale) {
+  *scale = amax / 32767.0f;
   *inv_scale = *scale != 0.0f ? 1.0f / *scale : 0.0f;
 }
 

@@ -48,7 +48,7 @@ class Projection(NamedTuple):
     out_features: int
     in_features: int
     bits: int
-    int8_activations: bool
+    activations: int
 
     @classmethod
     def of(cls, module: nn.Module) -> Projection:
@@ -58,9 +58,9 @@ class Projection(NamedTuple):
             if w.two_level:
                 raise ValueError("compiled decode takes per-block scales, not two-level (K-quant) weights")
             return cls(None, module.bias, w.codes, w.scales, w.mins, w.out_features, w.in_features, w.bits,
-                       module.int8_activations)  # fmt: skip
+                       module.activations)  # fmt: skip
         if isinstance(module, nn.Linear):
-            return cls(module.weight, module.bias, None, None, None, module.out_features, module.in_features, 0, False)
+            return cls(module.weight, module.bias, None, None, None, module.out_features, module.in_features, 0, 0)
         raise TypeError(f"not a projection: {type(module).__name__}")
 
 
@@ -118,7 +118,7 @@ class DecodeWeights(NamedTuple):
             if w.two_level:
                 raise ValueError("compiled decode takes per-block scales, not two-level (K-quant) weights")
             head = Projection(None, None, w.codes, w.scales, w.mins, w.out_features, w.in_features, w.bits,
-                              model.int8_activations)  # fmt: skip
+                              model.activations)  # fmt: skip
         else:
             head = Projection.of(model.lm_head if model.lm_head is not None else _tied_head(model))
         return cls(
@@ -148,7 +148,7 @@ def project(x: torch.Tensor, p: Projection) -> torch.Tensor:  # [T, K] -> [T, N]
     if p.weight is not None:
         return F.linear(x, p.weight, p.bias)
     out: torch.Tensor = torch.ops.trillium.quant_linear(
-        x, p.codes, p.scales, p.mins, p.bias, p.out_features, p.in_features, p.bits, p.int8_activations
+        x, p.codes, p.scales, p.mins, p.bias, p.out_features, p.in_features, p.bits, p.activations
     )
     return out
 

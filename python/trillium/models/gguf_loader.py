@@ -25,6 +25,7 @@ from trillium.models.families import causal_lm_class
 from trillium.models.gguf_file import GGUFFile, GGUFTensor
 from trillium.models.layers import rope_inv_freq
 from trillium.models.llama import LlamaForCausalLM
+from trillium.ops.quant_linear import Activations
 
 # GGUF architecture -> (our architecture, whether Q/K rows are permuted in the file)
 _ARCHITECTURES = {
@@ -202,20 +203,21 @@ def _kernel_tensors(gguf: GGUFFile) -> tuple[list[GGUFTensor], list[GGUFTensor]]
     return projections, [] if head is None else [head]
 
 
-def supports_quantized(path: str, int8_activations: bool = False) -> bool:
+def supports_quantized(path: str, activations: int = Activations.EXACT) -> bool:
     """Whether every projection and the head of the GGUF file is of a type the quantized kernel
-    takes (``int8_activations``: Q4_0, Q4_1 or Q8_0, what the integer loops take)."""
-    return _supports_quantized(GGUFFile(path), int8_activations)
+    takes in the ``activations`` mode (``ops.quant_linear.Activations``; int8: Q4_0, Q4_1 or Q8_0,
+    what its integer loops take)."""
+    return _supports_quantized(GGUFFile(path), activations)
 
 
-def _supports_quantized(gguf: GGUFFile, int8_activations: bool) -> bool:
+def _supports_quantized(gguf: GGUFFile, activations: int) -> bool:
     from trillium.models.gguf_quant import BITS
 
     projections, head = _kernel_tensors(gguf)
     tensors = projections + head
     if not projections or not all(t.qtype in BITS for t in tensors):
         return False
-    return not int8_activations or all(QT(t.qtype) in (QT.Q4_0, QT.Q4_1, QT.Q8_0) for t in tensors)
+    return activations != Activations.INT8 or all(QT(t.qtype) in (QT.Q4_0, QT.Q4_1, QT.Q8_0) for t in tensors)
 
 
 def _quantized_names(gguf: GGUFFile, embed_quantized: bool) -> frozenset[str]:
@@ -233,14 +235,14 @@ def load_gguf_model(
     device: torch.device | str = "cpu",
     progress: bool = True,
     quantized: bool = False,
-    int8_activations: bool = False,
+    activations: int = Activations.EXACT,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model described by a GGUF file and load its (dequantized) weights.
 
     ``quantized``: keep the projections, the head and the token table in the file's block
     quantization (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; ``models.gguf_quant``) and run
     them with the C++ block-quantized kernel (fp32 CPU only); their dense matrices are never
-    built. Raises ValueError if the file has other types, so callers decide with
+    built; ``activations`` is their ``ops.quant_linear.Activations`` mode. Raises ValueError if the file has other types, so callers decide with
     :func:`supports_quantized` first.
     """
     gguf = GGUFFile(path)
@@ -252,15 +254,15 @@ def load_gguf_model(
 
         if dtype != torch.float32 or torch.device(device).type != "cpu":
             raise ValueError("quantized weights run on fp32 CPU activations only")
-        if not _supports_quantized(gguf, int8_activations):
-            kinds = "Q4_0/Q4_1/Q8_0" if int8_activations else "of a quantized-kernel type"
+        if not _supports_quantized(gguf, activations):
+            kinds = "Q4_0/Q4_1/Q8_0" if activations == Activations.INT8 else "of a quantized-kernel type"
             raise ValueError(f"{path}: some projections are not {kinds}; load it dense")
         permuted = _ARCHITECTURES[gguf.metadata["general.architecture"]][1]
         weights = read_quant_weights(gguf, config, permuted)
         if weights is None:
             raise ValueError(f"{path}: some projections are not of a quantized-kernel type; load it dense")
         # Swapped in before loading the rest: the dense projections are never materialized.
-        model.use_quant_weights(weights, int8_activations)
+        model.use_quant_weights(weights, activations)
         skip = _quantized_names(gguf, "embed_tokens" in weights)
     model.load_weights((n, t.to(device)) for n, t in iter_weights(gguf, config, dtype, progress, skip))
     freqs = next((t for t in gguf.tensors if t.name == "rope_freqs.weight"), None)

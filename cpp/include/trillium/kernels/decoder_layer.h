@@ -77,7 +77,7 @@ struct DecoderStepArgs {
   const float* rope_sin = nullptr;
   int64_t rope_max_positions = 0;
   float attn_scale = 1.0f;
-  bool int8_activations = false;  // quant_linear's approximate mode (see quant_linear.h)
+  QuantActivations activations = QuantActivations::kExact;  // quant_linear's mode (see quant_linear.h)
   int num_threads = 0;            // 0: the OpenMP default
 };
 
