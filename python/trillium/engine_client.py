@@ -461,6 +461,11 @@ class RequestStream:
             delta.unsatisfied_check,
         )
 
+    @property
+    def stop_string(self) -> str | None:
+        """The request's stop string that ended it (None: none did, or not yet)."""
+        return self._stop.matched
+
     def _time_tokens(self, num_tokens: int) -> None:
         now = time.monotonic()
         if self.last_token_time is None:

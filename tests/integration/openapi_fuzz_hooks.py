@@ -12,7 +12,9 @@ import schemathesis
 MAX_NEW_TOKENS = 3
 MAX_N = 2
 MAX_PROMPTS = 4  # prompts in one completions request
-_GENERATE = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+_GENERATE = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+# Any name starting with this is the served model on the Messages routes.
+CLAUDE = "claude-fuzz"
 
 
 @schemathesis.hook
@@ -21,6 +23,8 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     which the fuzz budget cannot afford. Only ints too large are changed, so a case that is
     invalid (a wrong type) stays invalid and a valid one stays valid."""
     body = case.body
+    if case.path.startswith("/v1/messages") and isinstance(body, dict) and isinstance(body.get("model"), str):
+        body["model"] = CLAUDE  # a random name is a 404 before anything else is looked at
     if case.path not in _GENERATE or not isinstance(body, dict):
         return
     caps = {
@@ -36,6 +40,8 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
     if case.path == "/v1/responses":
         if body.get("max_output_tokens") is None:
             body["max_output_tokens"] = MAX_NEW_TOKENS  # the default is all the context left
+    elif case.path == "/v1/messages":
+        pass  # max_tokens is required there: a case without it is refused
     elif body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = MAX_NEW_TOKENS  # chat's default is all the context left
     prompt = body.get("prompt")
@@ -45,14 +51,20 @@ def before_call(context: Any, case: Any, kwargs: dict[str, Any]) -> None:
 
 @schemathesis.check
 def openai_error_shape(ctx: Any, response: Any, case: Any) -> None:
-    """Every error is OpenAI's ``{"error": {"message", "type", "param", "code"}}`` (the health
-    probes answer 503 with their own body, as documented)."""
+    """Every error is OpenAI's ``{"error": {"message", "type", "param", "code"}}``, on the Messages
+    routes Anthropic's ``{"type": "error", "error": {"type", "message"}}`` (the health probes
+    answer 503 with their own body, as documented)."""
     if response.status_code < 400 or case.path.startswith("/health"):
         return
     try:
-        error = response.json().get("error")
+        body = response.json()
+        error = body.get("error")
     except ValueError:
-        error = None
+        body = error = None
+    if case.path.startswith("/v1/messages"):
+        assert isinstance(error, dict) and body["type"] == "error", f"not an Anthropic error: {response.text[:500]!r}"
+        assert set(error) == {"type", "message"} and error["message"], f"error fields: {sorted(error)}"
+        return
     assert isinstance(error, dict), f"{response.status_code} is not an OpenAI error object: {response.text[:500]!r}"
     assert set(error) == {"message", "type", "param", "code"}, f"error fields: {sorted(error)}"
     assert isinstance(error["message"], str) and error["message"], "empty error message"

@@ -115,7 +115,8 @@ class Accounting:
 
     def admit(self, request: Request, *, chat: bool, endpoint: str | None = None) -> RequestAccount:
         """Authenticate and admit a new request. Raises APIError (401, 429, 503). ``endpoint``
-        (``responses``) overrides the ledger's endpoint name and the id's prefix that ``chat`` picks."""
+        (``responses``, ``messages``) overrides the ledger's endpoint name and the id's prefix that
+        ``chat`` picks."""
         tenant = self.auth.tenant(request)
         if self.sink is not None and not self.sink.has_room():
             raise overloaded("the usage ledger is behind; retry shortly")
@@ -129,7 +130,7 @@ class Accounting:
         if self.sink is not None:
             self.sink.admit()
         endpoint = endpoint or ("chat" if chat else "completions")
-        prefix = {"chat": "chatcmpl-", "completions": "cmpl-", "responses": "resp_"}[endpoint]
+        prefix = {"chat": "chatcmpl-", "completions": "cmpl-", "responses": "resp_", "messages": "msg_"}[endpoint]
         return RequestAccount(self, f"{prefix}{uuid.uuid4().hex}", tenant, quota, endpoint)
 
 

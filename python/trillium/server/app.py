@@ -18,8 +18,10 @@ from trillium.engine_client import EngineClient
 from trillium.metering.metrics import Metrics
 from trillium.runtime import Health, Snapshot, faults
 from trillium.server.accounting import Accounting
+from trillium.server.anthropic_errors import error_response, speaks_anthropic
 from trillium.server.errors import APIError
 from trillium.server.limits import BodySizeLimit, InputLimits
+from trillium.server.messages import MessagesRoutes
 from trillium.server.openapi import openapi_route
 from trillium.server.ops_routes import OpsRoutes
 from trillium.server.page import ChatPage
@@ -33,19 +35,23 @@ log = logging.getLogger("trillium.server")
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    return exc.response()
+    return error_response(exc, request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own errors (404 no such route, 405 wrong method) in OpenAI's error shape."""
+    """Starlette's own errors (404 no such route, 405 wrong method) in the path's API's error shape."""
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     message = f"{exc.detail}: {request.method} {request.url.path}"
-    return APIError(message, status=exc.status_code, code=code, headers=dict(exc.headers or {})).response()
+    error = APIError(message, status=exc.status_code, code=code, headers=dict(exc.headers or {}))
+    return error_response(error, request.url.path)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
+    if speaks_anthropic(request.url.path):
+        error = APIError(f"internal error: {type(exc).__name__}", status=500, type="internal_error")
+        return error_response(error, request.url.path)
     return json_response(
         {
             "error": {
@@ -97,6 +103,7 @@ def build_app(
     routes = Routes(client, draining, accounting, health or Snapshot(Health(ready=True)), limits)
     ops = OpsRoutes(accounting, reloader)
     responses = ResponsesRoutes(routes, ResponseStore())
+    messages = MessagesRoutes(routes)
     api = [
         Route("/", ChatPage().serve, methods=["GET"]),
         Route("/health", routes.health, methods=["GET"]),
@@ -115,6 +122,8 @@ def build_app(
         Route("/v1/completions/render", routes.render_completion, methods=["POST"]),
         Route("/v1/responses", responses.create, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses.stored, methods=["GET", "DELETE"]),
+        Route("/v1/messages", messages.create, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/tokenize", routes.tokenize, methods=["POST"]),
         Route("/detokenize", routes.detokenize, methods=["POST"]),
     ]

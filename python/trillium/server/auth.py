@@ -1,4 +1,5 @@
-"""API keys: ``Authorization: Bearer <key>`` -> tenant name (401 when missing or unknown).
+"""API keys: ``Authorization: Bearer <key>``, or ``x-api-key: <key>`` (Anthropic's header, which
+its clients send), -> tenant name (401 when missing or unknown).
 
 Keys are compared by their SHA-256 digest, the only form the config file holds. Without an
 access config every request is the ``anonymous`` tenant, the operational routes are open and
@@ -25,16 +26,19 @@ from trillium.server.errors import APIError
 
 ANONYMOUS = "anonymous"
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
-_MISSING = "You didn't provide an API key. Send it in the Authorization header: 'Authorization: Bearer YOUR_KEY'."
+_MISSING = (
+    "You didn't provide an API key. Send it in the Authorization header: 'Authorization: Bearer YOUR_KEY' "
+    "(or in 'x-api-key: YOUR_KEY')."
+)
 
 
 def _bearer_key(request: Request) -> str | None:
-    header = request.headers.get("authorization")
-    if not header:
-        return None
-    scheme, _, key = header.partition(" ")
+    """The request's key: ``Authorization: Bearer``'s, else ``x-api-key``'s (the same keys)."""
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
     key = key.strip()
-    return key if scheme.lower() == "bearer" and key else None
+    if scheme.lower() == "bearer" and key:
+        return key
+    return request.headers.get("x-api-key", "").strip() or None
 
 
 def _digest(key: str) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from trillium.protocol import StructuredOutputs
+from trillium.server.anthropic_errors import error_response
 from trillium.server.errors import APIError
 
 Scope = MutableMapping[str, Any]
@@ -247,7 +248,7 @@ class BodySizeLimit:
         for name, value in scope.get("headers", ()):
             if name.lower() == b"content-length":
                 if value.strip().isdigit() and int(value) > limit:  # h11 has rejected a malformed one
-                    await body_too_large(limit).response()(scope, receive, send)
+                    await error_response(body_too_large(limit), scope["path"])(scope, receive, send)
                     return
                 break
         num_received = 0

@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from trillium.protocol.stats import GrammarStats, SchedulerStats
+from trillium.server import anthropic_shapes as anthropic
 from trillium.server import response_schema as out
 from trillium.server.responses_body import ResponsesRequest
 from trillium.server.schema import ChatCompletionRequest, CompletionRequest, DetokenizeBody, TokenizeBody
@@ -61,14 +62,21 @@ class Operation:
     body: type | None = None  # the JSON request body
     stream: type | None = None  # with ``"stream": true``, each SSE event's ``data`` is one of these
     errors: tuple[int, ...] = ()  # statuses answered with an ErrorResponse
-    auth: bool = False  # takes ``Authorization: Bearer <key>`` (required with ``--config``)
+    auth: bool = False  # takes ``Authorization: Bearer <key>`` or ``x-api-key`` (required with ``--config``)
     query: tuple[tuple[str, str], ...] = ()  # optional string query parameters: (name, description)
     probe: bool = False  # a health probe: a 503 has the 200 body's shape, not an ErrorResponse
     path: tuple[tuple[str, str], ...] = ()  # string path parameters: (name, description)
+    headers: tuple[tuple[str, str], ...] = ()  # optional string request headers: (name, description)
+    error_body: type = out.ErrorResponse  # every error's body (Anthropic's on the Messages routes)
+    named_events: bool = False  # the stream's events have an ``event:`` name and no ``[DONE]`` ends it
 
 
 _RESPONSE_PATH = "/v1/responses/{response_id}"
 _RESPONSE_ID = (("response_id", "The response's id (resp_...)."),)
+_ANTHROPIC_HEADERS = (
+    ("anthropic-version", "Accepted and not needed (one version of the API is served)."),
+    ("anthropic-beta", "Accepted and not needed."),
+)
 
 # (method, path) -> its entry. A route in app.py without one here fails build_app.
 OPERATIONS: dict[tuple[str, str], Operation] = {
@@ -178,6 +186,31 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         auth=True,
         path=_RESPONSE_ID,
     ),
+    ("POST", "/v1/messages"): Operation(
+        "createMessage",
+        "Anthropic's Messages API: system prompt, text, tool_use and tool_result blocks, tools and "
+        "tool_choice, stop_sequences, streaming events. Any model name starting with `claude` is the "
+        "served model. Errors in Anthropic's shape.",
+        ok=(anthropic.AnthropicMessage,),
+        body=anthropic.MessagesRequest,
+        stream=anthropic.AnthropicStreamEvent,
+        errors=_GENERATE_ERRORS,
+        auth=True,
+        headers=_ANTHROPIC_HEADERS,
+        error_body=anthropic.AnthropicErrorResponse,
+        named_events=True,
+    ),
+    ("POST", "/v1/messages/count_tokens"): Operation(
+        "countMessageTokens",
+        "Anthropic's count_tokens: the prompt tokens a /v1/messages request with these messages, "
+        "system prompt and tools would run (chat template applied).",
+        ok=(anthropic.AnthropicTokenCount,),
+        body=anthropic.CountTokensRequest,
+        errors=_TOKENIZE_ERRORS,
+        auth=True,
+        headers=_ANTHROPIC_HEADERS,
+        error_body=anthropic.AnthropicErrorResponse,
+    ),
     ("POST", "/tokenize"): Operation(
         "tokenize",
         "vLLM's tokenize: a prompt, or chat messages through the chat template.",
@@ -248,7 +281,8 @@ def build_document(endpoints: Sequence[tuple[str, str]]) -> dict[str, Any]:
             raise LookupError(f"route {method} {path} has no entry in server/openapi.py OPERATIONS")
         found.append((path, method.lower(), op))
     types = sorted(
-        {out.ErrorResponse} | {t for _, _, op in found for t in (*op.ok, op.body, op.stream) if t is not None},
+        {out.ErrorResponse}
+        | {t for _, _, op in found for t in (*op.ok, op.body, op.stream, op.error_body) if t is not None},
         key=lambda t: t.__name__,
     )
     refs, components = msgspec.json.schema_components(types, ref_template=_REF)
@@ -262,12 +296,17 @@ def build_document(endpoints: Sequence[tuple[str, str]]) -> dict[str, Any]:
             "title": "trillium",
             "version": package_version(),
             "description": "An OpenAI-compatible LLM inference server. Errors are OpenAI's "
-            '`{"error": {"message", "type", "param", "code"}}`.',
+            '`{"error": {"message", "type", "param", "code"}}`, on the Messages routes Anthropic\'s '
+            '`{"type": "error", "error": {"type", "message"}}`. A key goes in `Authorization: Bearer` '
+            "or `x-api-key`.",
         },
         "paths": paths,
         "components": {
             "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
         },
     }
 
@@ -277,8 +316,9 @@ def _operation(op: Operation, ref: dict[type, dict[str, Any]]) -> dict[str, Any]
     ok_content: dict[str, Any] = {op.raw[0]: {"schema": op.raw[1]}} if op.raw else {}
     if op.ok:
         ok_content["application/json"] = {"schema": ok_schema}
+    error = ref[op.error_body]
     if op.stream is not None:
-        ok_content["text/event-stream"] = {"schema": _sse_event(ref[op.stream], ref[out.ErrorResponse])}
+        ok_content["text/event-stream"] = {"schema": _sse_event(ref[op.stream], error, op.named_events)}
     responses: dict[str, Any] = {"200": {"description": "OK", "content": ok_content}}
     if op.probe:
         responses["503"] = {
@@ -289,7 +329,7 @@ def _operation(op: Operation, ref: dict[type, dict[str, Any]]) -> dict[str, Any]
     for status in op.errors:
         response: dict[str, Any] = {
             "description": _ERRORS[status],
-            "content": {"application/json": {"schema": ref[out.ErrorResponse]}},
+            "content": {"application/json": {"schema": error}},
         }
         if status in _HEADERS:
             response["headers"] = _HEADERS[status]
@@ -301,35 +341,30 @@ def _operation(op: Operation, ref: dict[type, dict[str, Any]]) -> dict[str, Any]
         {"name": name, "in": "path", "required": True, "description": text, "schema": {"type": "string"}}
         for name, text in op.path
     ] + [
-        {"name": name, "in": "query", "required": False, "description": text, "schema": {"type": "string"}}
-        for name, text in op.query
+        {"name": name, "in": where, "required": False, "description": text, "schema": {"type": "string"}}
+        for where, params in (("query", op.query), ("header", op.headers))
+        for name, text in params
     ]
     if parameters:
         doc["parameters"] = parameters
     if op.auth:
-        doc["security"] = [{}, {"bearer": []}]  # none without --config
+        doc["security"] = [{}, {"bearer": []}, {"apiKey": []}]  # none without --config
     return doc
 
 
-def _sse_event(chunk: dict[str, Any], error: dict[str, Any]) -> dict[str, Any]:
+def _sse_event(chunk: dict[str, Any], error: dict[str, Any], named: bool) -> dict[str, Any]:
     """One server-sent event (OpenAPI 3.1 has ``schema`` describe each event): ``data`` is a
-    JSON chunk, an error as the last event of a failed stream, or the final ``[DONE]``."""
-    return {
-        "type": "object",
-        "properties": {
-            "data": {
-                "anyOf": [
-                    {"const": "[DONE]"},
-                    {
-                        "type": "string",
-                        "contentMediaType": "application/json",
-                        "contentSchema": {"anyOf": [chunk, error]},
-                    },
-                ]
-            }
-        },
-        "required": ["data"],
+    JSON chunk, an error as the last event of a failed stream, or the final ``[DONE]``; or, with
+    ``named`` (Anthropic's framing), an ``event`` name (the chunk's ``type``) and no ``[DONE]``."""
+    data: dict[str, Any] = {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"anyOf": [chunk, error]},
     }
+    if named:
+        properties = {"event": {"type": "string"}, "data": data}
+        return {"type": "object", "properties": properties, "required": ["event", "data"]}
+    return {"type": "object", "properties": {"data": {"anyOf": [{"const": "[DONE]"}, data]}}, "required": ["data"]}
 
 
 def package_version() -> str:

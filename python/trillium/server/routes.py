@@ -301,8 +301,14 @@ class Routes:
         self.accounting.auth.tenant(request)
         body = decode_body(await request.body(), ChatCompletionRequest)
         self._check_model(body.model)
+        return self._rendered(await self.render_prompt(body))
+
+    async def render_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        """A chat request's prompt token ids as :meth:`prepare_chat` renders them (template, tools),
+        without the sampling and admission checks. Raises APIError naming the field at fault.
+        (Anthropic's count_tokens shares it: server/messages.py.)"""
         messages, template_tools, _ = self._chat_conversation(body)
-        return self._rendered(await self._chat_prompt_ids(messages, template_tools))
+        return await self._chat_prompt_ids(messages, template_tools, chat_template_kwargs(body))
 
     async def render_completion(self, request: Request) -> Response:
         """vLLM's ``POST /v1/completions/render``: the (first) prompt's token ids, as a completion

@@ -14,6 +14,7 @@ class StopStringMatcher:
         self.stop = [s for s in stop if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string found (the earliest in the text)
 
     def feed(self, text: str) -> str:
         """Returns the emittable part of ``held + text``; sets ``stopped`` on a match."""
@@ -22,7 +23,7 @@ class StopStringMatcher:
         if not self.stop:
             return text
         buf = self._held + text
-        first = min((i for i in (buf.find(s) for s in self.stop) if i >= 0), default=-1)
+        first, self.matched = min(((i, s) for s in self.stop if (i := buf.find(s)) >= 0), default=(-1, None))
         if first >= 0:
             self.stopped = True
             self._held = ""
