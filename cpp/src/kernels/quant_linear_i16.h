@@ -165,8 +165,10 @@ void i16_tile(const QuantActs16& a, const QuantWeightView& w, int64_t r0, int64_
           dot[r * NG + jg] = _mm256_add_epi32(dot[r * NG + jg], _mm256_madd_epi16(odd, x13[r]));
         }
       };
+      // Quads not unrolled (as in i16_panel_tile): unrolled, GCC hoisted every product of the
+      // block ahead of its sums and spilled them.
       if constexpr (BITS == 4) {
-#pragma GCC unroll 4
+#pragma GCC unroll 1
         for (int p = 0; p < 4; ++p) {
           __m256i lo02[MR], lo13[MR], hi02[MR], hi13[MR];
           activations(p, lo02, lo13);
@@ -180,7 +182,7 @@ void i16_tile(const QuantActs16& a, const QuantWeightView& w, int64_t r0, int64_
           }
         }
       } else {
-#pragma GCC unroll 8
+#pragma GCC unroll 1
         for (int quad = s * kQuadsPerScale; quad < (s + 1) * kQuadsPerScale; ++quad) {
           __m256i x02[MR], x13[MR];
           activations(quad, x02, x13);
