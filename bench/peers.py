@@ -67,11 +67,15 @@ LLAMA_SERVER = os.path.join(PEERS, "llama.cpp", "build", "bin", "llama-server")
 
 
 def setup_llama_cpp() -> None:
-    """Build llama-server (CPU, native ISA, Release) from the llama-cpp-python sdist's vendored llama.cpp."""
+    """Build llama-server and llama-perplexity (CPU, native ISA, Release) from the llama-cpp-python
+    sdist's vendored llama.cpp (llama-perplexity: bench/quality.py's --llama-perplexity)."""
     os.makedirs(PEERS, exist_ok=True)
     sdists = glob.glob(os.path.join(PEERS, "llama_cpp_python-*.tar.gz"))
     if not sdists:
-        run([PY, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "llama-cpp-python", "-d", PEERS])
+        # --no-build-isolation: the sdist's metadata is prepared with this venv's scikit-build-core;
+        # with isolation pip built every build dependency from source too (cmake among them).
+        run([PY, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+             "llama-cpp-python", "-d", PEERS])  # fmt: skip
         sdists = glob.glob(os.path.join(PEERS, "llama_cpp_python-*.tar.gz"))
     src = os.path.join(PEERS, "llama.cpp")
     if not os.path.isdir(src):
@@ -97,7 +101,7 @@ def setup_llama_cpp() -> None:
             "-DLLAMA_BUILD_SERVER=ON",
         ]
     )
-    run(["cmake", "--build", os.path.join(src, "build"), "--target", "llama-server", f"-j{THREADS}"])
+    run(["cmake", "--build", os.path.join(src, "build"), "--target", "llama-server", "llama-perplexity", f"-j{THREADS}"])
 
 
 def served_name(path: str) -> str:
