@@ -35,6 +35,12 @@ if _PY_CXX and "CXX" not in os.environ and shutil.which(_PY_CXX[0]):
     os.environ["CXX"] = _PY_CXX[0]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The bench lane: tests that run a bench/ script's smoke mode (a benchmark that still runs and
+    # reports what it promises). CI runs them with the rest; `pytest -m "not bench"` is the quick run.
+    config.addinivalue_line("markers", "bench: runs a bench/ script in its smoke mode")
+
+
 @pytest.fixture(autouse=True)
 def random_seed(request: pytest.FixtureRequest) -> Iterator[int]:
     value = int(os.environ.get("TRILLIUM_TEST_SEED") or secrets.randbits(31))
@@ -50,3 +56,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     if report.failed and _SEED_KEY in item.stash:
         report.sections.append(("random seed", f"TRILLIUM_TEST_SEED={item.stash[_SEED_KEY]} replays this test"))
     return report
+
+
+@pytest.fixture(scope="session")
+def server_with() -> Iterator[Any]:
+    """``server_with(*flags, env=None)``: the session's one running ``trillium serve`` with these
+    flags, started on first use (tests/integration/conftest.py, ServerPool). Here rather than in
+    tests/integration/ so that tests/browser/ shares the same servers."""
+    from tests.integration.conftest import ServerPool
+
+    pool = ServerPool()
+    yield pool
+    pool.stop_all()

@@ -69,26 +69,56 @@ class ServerProcess:
         return self.proc.returncode
 
 
+class ServerPool:
+    """One running server per distinct set of flags (and environment), started on its first use
+    and stopped when the session ends (the ``server_with`` fixture, tests/conftest.py).
+
+    For tests that only send requests to their server: a test that kills, drains, reloads or
+    breaks its server starts its own ``ServerProcess``. A pooled server found dead (a bug, not a
+    test's doing) is started again for the next user, its log kept under the old port's name."""
+
+    def __init__(self) -> None:
+        self._servers: dict[tuple, ServerProcess] = {}
+
+    def __call__(self, *flags: str, env: dict[str, str] | None = None) -> ServerProcess:
+        key = (flags, tuple(sorted((env or {}).items())))
+        srv = self._servers.get(key)
+        if srv is None or srv.proc.poll() is not None:
+            srv = self._servers[key] = ServerProcess(*flags, env=env)
+        return srv
+
+    def stop_all(self) -> None:
+        for srv in self._servers.values():
+            srv.stop()
+        self._servers.clear()
+
+
 # fp32 so that greedy outputs do not depend on batch composition (bf16 rounding can flip
 # near-tied argmaxes between a batch of 1 and a batch of 16).
 SERVER_ARGS = ("--dtype", "fp32", "--max-model-len", "2048", "--kv-cache-gib", "0.25", "--max-running", "32")
 
-
-@pytest.fixture(scope="session")
-def server():
-    srv = ServerProcess(*SERVER_ARGS)
-    yield srv
-    srv.stop()
+# A waiting queue of 8 behind 4 running: the overload test and the overload benchmark's smoke run
+# flood the same server (each leaves it idle).
+MAX_WAITING = 8
+SMALL_QUEUE_ARGS = (*SERVER_ARGS[:-2], "--max-running", "4", "--max-waiting", str(MAX_WAITING))
 
 
 @pytest.fixture(scope="session")
-def exact_server():
+def server(server_with):
+    return server_with(*SERVER_ARGS)
+
+
+@pytest.fixture(scope="session")
+def exact_server(server_with):
     """``--precision exact``: fp32 everywhere, for the tests that compare with Hugging Face's fp32
     logits within an fp32 bound, whatever arithmetic the default mode takes (a bf16 KV cache, for
     one, moves them past it)."""
-    srv = ServerProcess(*SERVER_ARGS, "--precision", "exact")
-    yield srv
-    srv.stop()
+    return server_with(*SERVER_ARGS, "--precision", "exact")
+
+
+@pytest.fixture(scope="session")
+def small_queue_server(server_with):
+    return server_with(*SMALL_QUEUE_ARGS)
 
 
 @pytest.fixture

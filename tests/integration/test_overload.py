@@ -4,19 +4,9 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 import trio
 
-from tests.integration.conftest import SERVER_ARGS, ServerProcess
-
-MAX_WAITING = 8
-
-
-@pytest.fixture(scope="module")
-def small_queue_server():
-    srv = ServerProcess(*SERVER_ARGS[:-2], "--max-running", "4", "--max-waiting", str(MAX_WAITING))
-    yield srv
-    srv.stop()
+from tests.integration.conftest import MAX_WAITING
 
 
 def body(i: int, *, stream: bool, user: str) -> dict:
