@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.bench
 def test_quick_run(tmp_path):
     result = tmp_path / "run.json"
     proc = subprocess.run(
@@ -41,6 +42,7 @@ def test_quick_run(tmp_path):
     assert doc["rows"] == rows and doc["settings"]["quick"] is True
 
 
+@pytest.mark.bench
 def test_micro_quick_run():
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "metering_micro.py"), "--quick"],
@@ -55,6 +57,7 @@ def test_micro_quick_run():
     assert row["open_us_per_request"] > 0 and row["metered_us_per_request"] > 0 and row["ledger_us_per_record"] > 0
 
 
+@pytest.mark.bench
 def test_ledger_commit_quick_run():
     """``bench/ledger_commit.py --quick``: in process, every setting commits or sends every record."""
     proc = subprocess.run(

@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "offline_formats.py")
 
 
+@pytest.mark.bench
 def test_prints_a_line_per_format():
     out = subprocess.run(
         [

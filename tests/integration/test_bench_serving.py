@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trillium import _core
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,6 +20,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from serving_metrics import parse_slo, percentile, summarize  # noqa: E402
 
 
+@pytest.mark.bench
 def test_quick_run_against_the_server(server, tmp_path):
     result = tmp_path / "run.json"
     proc = subprocess.run(

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.bench
 def test_smoke_run():
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "soak.py"), "--smoke"],

@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.bench
 @pytest.mark.slow
 def test_spec_ceiling_smoke():
     cmd = [sys.executable, str(ROOT / "bench" / "spec_ceiling.py"), "--num-prompts", "2", "--max-tokens", "24"]

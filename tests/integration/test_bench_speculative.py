@@ -58,6 +58,7 @@ def test_assemble_concatenates_parts_in_numeric_order(tmp_path):
     assert not (tmp_path / "headless.gguf").exists() and not (tmp_path / "headless.gguf.partial").exists()
 
 
+@pytest.mark.bench
 def test_quick_run(tmp_path):
     # The chat workload reads the ShareGPT prompts beside the checkout (shared/data); without
     # them the grounded workload alone still runs.
@@ -89,7 +90,7 @@ def test_quick_run(tmp_path):
         assert row["off_tpot_p50_ms"] > 0 and row["on_tpot_p50_ms"] > 0
         assert row["spec_disable_by_batch_size"] >= 1  # the "on" server speculates
     grounded = rows[0]
-    assert grounded["on_spec_num_drafts"] > 0 and 0 <= grounded["on_acceptance_rate"] <= 1
+    assert grounded["on_spec_num_drafts"] > 0 and 0 < grounded["on_acceptance_rate"] <= 1  # some drafts land
     assert "| workload | streams |" in proc.stdout
     doc = json.loads(result.read_text())
     assert [{k: v for k, v in r.items() if k != "mismatch_details"} for r in doc["rows"]] == rows

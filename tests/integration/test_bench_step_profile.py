@@ -9,12 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from step_profile import OPTIONAL_PARTS, PARTS  # noqa: E402
 
 
+@pytest.mark.bench
 def test_quick_run():
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "step_profile.py"), "--quick"],

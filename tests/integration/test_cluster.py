@@ -99,6 +99,7 @@ def test_a_restarted_router_is_sent_every_replicas_cache_and_routes_on_it(cluste
         assert metric_value(text, "trillium:kv_events_dropped_total") == 0
 
 
+@pytest.mark.bench
 def test_kv_aware_routes_on_the_replicas_published_cache(tmp_path):
     """The router learns what each replica caches only from the replicas' KV events: a request
     lands where its system prompt is cached, and a new prompt on either replica (ties are

@@ -6,10 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {"op", "batch", "context", "dtype", "trillium_us", "torch_us", "speedup", "gbps"}
 
 
+@pytest.mark.bench
 def test_quick_benchmark_runs() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "kernels" / "paged_attention.py"), "--quick"],
