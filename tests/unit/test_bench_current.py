@@ -14,6 +14,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.relpath(os.path.abspath(__file__), ROOT)
 spec = importlib.util.spec_from_file_location("bench_current", os.path.join(ROOT, "bench", "current.py"))
 assert spec is not None and spec.loader is not None
 current = importlib.util.module_from_spec(spec)
@@ -98,6 +99,7 @@ def test_check_fails_on_a_stale_page(tmp_path):
     assert current.main(["--check", *args]) == 0
 
 
+@pytest.mark.skipif(not _git_history_complete(), reason="the citing files are listed by git")
 def test_results_index_names_every_cited_section_and_links_real_files():
     with open(os.path.join(ROOT, "bench", "RESULTS.md")) as f:
         index = f.read()
@@ -112,7 +114,7 @@ def test_results_index_names_every_cited_section_and_links_real_files():
     ).stdout.split()
     checked = 0
     for path in listed:
-        if not path.endswith((".md", ".py", ".h", ".cc")) or path.startswith("bench/history/"):
+        if not path.endswith((".md", ".py", ".h", ".cc")) or path.startswith("bench/history/") or path == HERE:
             continue
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
             text = f.read()
