@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 from gguf import GGUFWriter
-from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGML_QUANT_SIZES, RopeScalingType
 from gguf.constants import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
@@ -83,7 +83,7 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def build(kind: str, path: Path, seed: int = 0) -> Any:
     """Write ``path`` (a GGUF of architecture ``kind``: llama, llama3 (rope-scaled, tied), mistral,
-    mistral_swa (an 8-token sliding window), qwen2, qwen3, gemma2 and gemma3 (a sliding and a global layer; Gemma 2 soft-capped))
+    mistral_swa (an 8-token sliding window), qwen2, qwen2_yarn (YaRN rope scaling), qwen3, gemma2 and gemma3 (a sliding and a global layer; Gemma 2 soft-capped))
     and return the transformers model
     holding exactly its weights."""
     import transformers as tf
@@ -105,6 +105,11 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
         arch = "llama"
     elif kind == "qwen2":
         hf = tf.Qwen2ForCausalLM(tf.Qwen2Config(**sizes, tie_word_embeddings=tied))
+        arch = "qwen2"
+    elif kind == "qwen2_yarn":  # YaRN: 4x a 32-token pretraining context, the attention factor defaulted
+        sizes["max_position_embeddings"] = 128
+        rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0}
+        hf = tf.Qwen2ForCausalLM(tf.Qwen2Config(**sizes, rope_parameters=rope, tie_word_embeddings=False))
         arch = "qwen2"
     elif kind == "qwen3":
         hf = tf.Qwen3ForCausalLM(tf.Qwen3Config(**sizes, tie_word_embeddings=tied))
@@ -149,6 +154,10 @@ def build(kind: str, path: Path, seed: int = 0) -> Any:
     rope_params = rope_params.get("full_attention", rope_params)  # Gemma: per layer type; the file has the global one
     writer.add_rope_freq_base(float(rope_params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     writer.add_vocab_size(cfg.vocab_size)
+    if rope_params.get("rope_type") == "yarn":  # the keys convert_hf_to_gguf.py writes
+        writer.add_rope_scaling_type(RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope_params["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope_params["original_max_position_embeddings"])
     if getattr(cfg, "sliding_window", None):
         writer.add_sliding_window(cfg.sliding_window)
     if arch == "gemma3":  # newer converters write one flag per layer (True: sliding)

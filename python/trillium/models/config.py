@@ -49,8 +49,9 @@ class ModelConfig:
     rope_local_theta: float | None = None
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
-    # Llama-3 style rope scaling as in HF config.json ({"rope_type": "llama3", "factor": ...}), or
-    # None. "linear" and "llama3" are implemented; anything else is rejected by validate().
+    # Rope scaling as in HF config.json ({"rope_type": "llama3", "factor": ...}), or None. "linear",
+    # "llama3" and "yarn" are implemented; anything else is rejected by validate(). The loaders
+    # complete a "yarn" entry (factor, original_max_position_embeddings) as transformers does.
     rope_scaling: dict[str, Any] | None = field(default=None)
 
     def window_of(self, layer: int) -> int:
@@ -71,8 +72,12 @@ class ModelConfig:
             raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
-            if kind not in ("linear", "llama3", "default"):
+            if kind not in ("linear", "llama3", "yarn", "default"):
                 raise ValueError(f"unsupported rope_scaling type {kind!r}")
+            for key in ("factor", "original_max_position_embeddings") if kind == "yarn" else ():
+                value = self.rope_scaling.get(key)
+                if not isinstance(value, int | float) or value <= 0:
+                    raise ValueError(f"rope_scaling yarn needs a positive {key}, got {value!r}")
 
 
 def served_name(file_name: str) -> str:

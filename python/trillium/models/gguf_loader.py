@@ -101,7 +101,9 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
             sliding_layers = tuple(i for i in range(layers) if (i + 1) % int(pattern))
     rope_scaling = None
     scaling_type = md.get(f"{arch}.rope.scaling.type")
-    if scaling_type not in (None, "none"):
+    if scaling_type == "yarn":
+        rope_scaling = _yarn_scaling(gguf, arch)
+    elif scaling_type not in (None, "none"):
         if scaling_type != "linear":
             raise ValueError(f"{gguf.path}: unsupported rope scaling {scaling_type!r}")
         rope_scaling = {"rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
@@ -129,6 +131,38 @@ def read_config(gguf: GGUFFile) -> ModelConfig:
         final_softcap=float(md.get(f"{arch}.final_logit_softcapping") or 0.0),
         rope_scaling=rope_scaling,
     )
+
+
+def _yarn_scaling(gguf: GGUFFile, arch: str) -> dict[str, Any]:
+    """HF's "yarn" rope_scaling from the keys convert_hf_to_gguf.py writes for it: the factor, the
+    pretraining context (``original_context_length``; absent, the file's context length, as
+    transformers defaults it), and -- when the config had them -- beta_fast / beta_slow and the
+    attention factor (``yarn_attn_factor``, or ``attn_factor`` as some converters write it).
+    ValueError for an extrapolation factor other than 1, which HF's YaRN does not have."""
+    md = gguf.metadata
+
+    def key(name: str) -> Any:
+        return md.get(f"{arch}.rope.scaling.{name}")
+
+    factor = key("factor")
+    if factor is None:
+        raise ValueError(f"{gguf.path}: yarn rope scaling without {arch}.rope.scaling.factor")
+    ext_factor = key("yarn_ext_factor")
+    if ext_factor is not None and float(ext_factor) not in (-1.0, 1.0):  # -1: llama.cpp's "default"
+        raise ValueError(f"{gguf.path}: yarn_ext_factor {ext_factor} is not supported (only 1)")
+    original = key("original_context_length") or md.get(f"{arch}.context_length")
+    scaling: dict[str, Any] = {
+        "rope_type": "yarn",
+        "factor": float(factor),
+        "original_max_position_embeddings": int(original) if original else None,
+    }
+    for name, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+        if key(name) is not None:
+            scaling[hf_key] = float(key(name))
+    attention_factor = key("yarn_attn_factor") if key("yarn_attn_factor") is not None else key("attn_factor")
+    if attention_factor is not None:
+        scaling["attention_factor"] = float(attention_factor)
+    return scaling
 
 
 def _gemma_attn_scale(arch: str, layers: int, hidden: int, heads: int) -> float | None:

@@ -53,6 +53,7 @@ def read_config(path: str) -> ModelConfig:
     if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) in (None, "default"):
         rope_scaling = None
     max_positions = cfg.get("max_position_embeddings", 4096)
+    rope_scaling = _complete_scaling(rope_scaling, cfg, max_positions)
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", hf_arch == "MistralForCausalLM") else None
     sliding_layers = None
     if window and cfg.get("layer_types"):  # transformers >= 5 lists each layer's attention
@@ -83,6 +84,21 @@ def read_config(path: str) -> ModelConfig:
     return dataclasses.replace(config, **_gemma_fields(cfg, arch)) if arch.startswith("gemma") else config
 
 
+def _complete_scaling(scaling: dict[str, Any] | None, cfg: dict[str, Any], max_positions: int) -> dict[str, Any] | None:
+    """``scaling`` (a copy) with what transformers fills in for "llama3" and "yarn": the pretraining
+    length from a top-level ``original_max_position_embeddings`` (Phi-3 style, which wins) or else
+    ``max_position_embeddings``, and a YaRN ``factor`` left null from the two lengths' ratio."""
+    if not scaling or scaling.get("rope_type", scaling.get("type")) not in ("llama3", "yarn"):
+        return scaling
+    scaling = dict(scaling)
+    if cfg.get("original_max_position_embeddings") is not None:
+        scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+    scaling.setdefault("original_max_position_embeddings", max_positions)
+    if scaling.get("factor") is None and scaling.get("original_max_position_embeddings"):
+        scaling["factor"] = max_positions / scaling["original_max_position_embeddings"]
+    return scaling
+
+
 def _gemma_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     """Gemma 2 / 3 settings (ValueError for what the model does not implement): the softmax scale,
     sliding layers (every `sliding_window_pattern`-th global), Gemma 3's q/k norms and local RoPE
@@ -99,6 +115,7 @@ def _gemma_fields(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
     full = params.get("full_attention") or {"rope_theta": base, **(cfg.get("rope_scaling") or {})}
     local = params.get("sliding_attention") or {"rope_theta": cfg.get("rope_local_base_freq", full["rope_theta"])}
     scaling = full if full.get("rope_type", full.get("type")) not in (None, "default") else None
+    scaling = _complete_scaling(scaling, cfg, cfg.get("max_position_embeddings", 4096))
     return {
         "qk_norm": arch == "gemma3",
         "attn_scale": float(cfg.get("query_pre_attn_scalar", cfg.get("head_dim", 256))) ** -0.5,

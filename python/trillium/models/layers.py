@@ -37,13 +37,15 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, rope_scaling: dict[str, Any] | None) -> torch.Tensor:  # [D/2] fp32
-    """Inverse frequencies for rotate-half RoPE, with HF's "linear" and "llama3" scaling rules."""
+    """Inverse frequencies for rotate-half RoPE, with HF's "linear", "llama3" and "yarn" scaling rules."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if not rope_scaling:
         return inv_freq
     kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
     if kind == "linear":
         return inv_freq / float(rope_scaling["factor"])
+    if kind == "yarn":
+        return _yarn_inv_freq(head_dim, theta, rope_scaling)
     if kind != "llama3":
         return inv_freq
     factor = float(rope_scaling["factor"])
@@ -56,6 +58,52 @@ def rope_inv_freq(head_dim: int, theta: float, rope_scaling: dict[str, Any] | No
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
     return torch.where(medium, smoothed, scaled)
+
+
+def rope_attention_factor(rope_scaling: dict[str, Any] | None) -> float:
+    """The factor YaRN multiplies cos and sin by (so q.k by its square); 1.0 for other scalings.
+
+    As transformers' ``_compute_yarn_parameters``: ``attention_factor`` when given, else
+    ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` when both are set (DeepSeek), else
+    ``0.1 * ln(factor) + 1`` (1.0 for factor <= 1)."""
+    if not rope_scaling or rope_scaling.get("rope_type", rope_scaling.get("type")) != "yarn":
+        return 1.0
+    if rope_scaling.get("attention_factor") is not None:
+        return float(rope_scaling["attention_factor"])
+    factor = float(rope_scaling["factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    m, m_all = rope_scaling.get("mscale"), rope_scaling.get("mscale_all_dim")
+    if m and m_all:
+        return mscale(factor, float(m)) / mscale(factor, float(m_all))
+    return mscale(factor)
+
+
+def _yarn_inv_freq(head_dim: int, theta: float, rope_scaling: dict[str, Any]) -> torch.Tensor:  # [D/2] fp32
+    """YaRN's frequencies: each one blended between extrapolation (the trained frequency, kept for
+    dimensions that turn more than ``beta_fast`` times over the original context) and interpolation
+    (divided by ``factor``, for those turning fewer than ``beta_slow`` times), by a linear ramp over
+    the dimensions between -- transformers' arithmetic, in its order and precision."""
+    factor = float(rope_scaling["factor"])
+    old_len = float(rope_scaling["original_max_position_embeddings"])
+    beta_fast = float(rope_scaling.get("beta_fast") or 32)
+    beta_slow = float(rope_scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:  # the dimension that turns `rotations` times
+        return (head_dim * math.log(old_len / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rope_scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a ramp of zero width would divide by zero
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    extrapolation = 1 - ramp  # the weight of the trained frequency
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
 
 class RotaryEmbedding(nn.Module):
@@ -91,8 +139,11 @@ class RotaryEmbedding(nn.Module):
             inv_freq = rope_inv_freq(self.head_dim, self.theta, self.rope_scaling)
         positions = torch.arange(self.max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq.float().cpu())  # [P, D/2]
-        self.cos = freqs.cos().to(device)
-        self.sin = freqs.sin().to(device)
+        # YaRN's attention factor lives in the table (as in transformers), so every path that
+        # rotates from it -- torch, the core's kernels and one-call stack, CUDA -- applies it.
+        scale = rope_attention_factor(self.rope_scaling)
+        self.cos = (freqs.cos() * scale).to(device)
+        self.sin = (freqs.sin() * scale).to(device)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, D/2] in ``dtype`` for one step (computed once, shared by every layer)."""
