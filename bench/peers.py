@@ -101,7 +101,9 @@ def setup_llama_cpp() -> None:
             "-DLLAMA_BUILD_SERVER=ON",
         ]
     )
-    run(["cmake", "--build", os.path.join(src, "build"), "--target", "llama-server", "llama-perplexity", f"-j{THREADS}"])
+    run(
+        ["cmake", "--build", os.path.join(src, "build"), "--target", "llama-server", "llama-perplexity", f"-j{THREADS}"]
+    )
 
 
 def served_name(path: str) -> str:

@@ -403,6 +403,27 @@ Status quant_linear(const QuantLinearArgs& a) {
     }
     return Status::Ok();
   }
+  // Rounded activations: every row quantized, then the work items, in one OpenMP team.
+  const auto rounded = [&](auto&& quantize_row, auto&& gemm_rows) {
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads)
+#endif
+    {
+#if defined(_OPENMP)
+#pragma omp for schedule(static)
+#endif
+      for (int64_t r = 0; r < M; ++r) quantize_row(r);
+#if defined(_OPENMP)
+#pragma omp for schedule(static)
+#endif
+      for (int64_t item = 0; item < items; ++item) {
+        const int64_t chunk = item / group_items, gi = item % group_items;
+        const int64_t r0 = chunk * kRowChunk, r1 = std::min(M, r0 + kRowChunk);
+        const int64_t g0 = gi * kGroupsPerItem, g1 = std::min(groups, g0 + kGroupsPerItem);
+        gemm_rows(r0, r1, g0, g1);
+      }
+    }
+  };
   if (a.activations == QuantActivations::kInt16) {
     // Per calling thread, reused: a decode step calls this ~7 times a layer.
     thread_local std::vector<int16_t> codes16;
@@ -414,47 +435,19 @@ Status quant_linear(const QuantLinearArgs& a) {
     const kernels::QuantActs16 acts{codes16.data(), scale16.data(), sum16.data(), sum32.data(), K, nb};
     int16_t* c16 = codes16.data();
     float *s16 = scale16.data(), *u16 = sum16.data(), *u32 = sum32.data();
-#if defined(_OPENMP)
-#pragma omp parallel num_threads(threads)
-#endif
-    {
-#if defined(_OPENMP)
-#pragma omp for schedule(static)
-#endif
-      for (int64_t r = 0; r < M; ++r) k.quantize16(a.x, a.x_stride, r, r + 1, K, c16, s16, u16, u32);
-#if defined(_OPENMP)
-#pragma omp for schedule(static)
-#endif
-      for (int64_t item = 0; item < items; ++item) {
-        const int64_t chunk = item / group_items, gi = item % group_items;
-        const int64_t r0 = chunk * kRowChunk, r1 = std::min(M, r0 + kRowChunk);
-        const int64_t g0 = gi * kGroupsPerItem, g1 = std::min(groups, g0 + kGroupsPerItem);
-        k.gemm16(acts, w, r0, r1, g0, g1, a.bias, a.out, a.out_stride);
-      }
-    }
+    rounded([&](int64_t r) { k.quantize16(a.x, a.x_stride, r, r + 1, K, c16, s16, u16, u32); },
+            [&](int64_t r0, int64_t r1, int64_t g0, int64_t g1) {
+              k.gemm16(acts, w, r0, r1, g0, g1, a.bias, a.out, a.out_stride);
+            });
     return Status::Ok();
   }
   std::vector<int8_t> codes(static_cast<size_t>(M * K));
   std::vector<float> scale(static_cast<size_t>(M * nb)), scaled_sum(static_cast<size_t>(M * nb));
   const QuantActs acts{codes.data(), scale.data(), scaled_sum.data(), K, nb};
-#if defined(_OPENMP)
-#pragma omp parallel num_threads(threads)
-#endif
-  {
-#if defined(_OPENMP)
-#pragma omp for schedule(static)
-#endif
-    for (int64_t r = 0; r < M; ++r) k.quantize(a.x, a.x_stride, r, r + 1, K, codes.data(), scale.data(), scaled_sum.data());
-#if defined(_OPENMP)
-#pragma omp for schedule(static)
-#endif
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t chunk = item / group_items, gi = item % group_items;
-      const int64_t r0 = chunk * kRowChunk, r1 = std::min(M, r0 + kRowChunk);
-      const int64_t g0 = gi * kGroupsPerItem, g1 = std::min(groups, g0 + kGroupsPerItem);
-      k.gemm(acts, w, r0, r1, g0, g1, a.bias, a.out, a.out_stride);
-    }
-  }
+  rounded([&](int64_t r) { k.quantize(a.x, a.x_stride, r, r + 1, K, codes.data(), scale.data(), scaled_sum.data()); },
+          [&](int64_t r0, int64_t r1, int64_t g0, int64_t g1) {
+            k.gemm(acts, w, r0, r1, g0, g1, a.bias, a.out, a.out_stride);
+          });
   return Status::Ok();
 }
 

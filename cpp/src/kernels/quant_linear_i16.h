@@ -90,28 +90,41 @@ inline void split_pairs_q4(const uint8_t* wb, int p, __m256i* even_lo, __m256i* 
   *odd_hi = _mm256_srli_epi16(v, 12);
 }
 
-// scale_min (quant_linear_simd.h) with the scale index `at`, the super-scale index `sup` and
-// quant_sub_min_offset(w) (`sub_mins`) given.
-template <int BITS>
-inline void scale_min_at(const QuantWeightView& w, int64_t at, int64_t sup, int64_t sub_mins, __m256* d, __m256* m) {
-  if (w.sub_scales) {
-    *d = _mm256_mul_ps(_mm256_loadu_ps(w.scales + sup), sub_scale_lanes<BITS>(w.sub_scales + at));
-    if (w.mins) {
-      *m = _mm256_mul_ps(_mm256_loadu_ps(w.mins + sup), sub_scale_lanes<4>(w.sub_scales + sub_mins + at));
-    } else if constexpr (BITS == 8) {
-      *m = _mm256_setzero_ps();
-    } else {
-      *m = _mm256_mul_ps(*d, _mm256_set1_ps(-quant_symmetric_offset(BITS)));
+// The fp32 step of one scale block s of block b for MR rows x NG groups: acc += float(dot) *
+// (d * sx) + m * (sx * the scale block's code sum), d and m of group jg in d[jg], m[jg].
+template <int MR, int NG, int kScaleBlocks>
+inline void add_scale_block(const QuantActs16& a, int64_t r0, int64_t b, int s, const __m256i* dot, const __m256* d,
+                            const __m256* m, __m256* acc) {
+  const int64_t nb = a.blocks;
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    const int64_t row = r0 + r;
+    const __m256 sx = _mm256_set1_ps(a.scale[row * nb + b]);
+    const __m256 ss = _mm256_set1_ps(kScaleBlocks == 2 ? a.scaled_sum16[row * 2 * nb + 2 * b + s]
+                                                       : a.scaled_sum32[row * nb + b]);
+#pragma GCC unroll 4
+    for (int jg = 0; jg < NG; ++jg) {
+      acc[r * NG + jg] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r * NG + jg]), _mm256_mul_ps(d[jg], sx), acc[r * NG + jg]);
+      acc[r * NG + jg] = _mm256_fmadd_ps(m[jg], ss, acc[r * NG + jg]);
     }
-    return;
   }
-  *d = _mm256_loadu_ps(w.scales + at);
-  if (w.mins) {
-    *m = _mm256_loadu_ps(w.mins + at);
-  } else if constexpr (BITS == 8) {
-    *m = _mm256_setzero_ps();
-  } else {
-    *m = _mm256_mul_ps(*d, _mm256_set1_ps(-quant_symmetric_offset(BITS)));
+}
+
+// out rows r0 .. r0 + MR - 1, columns n0 .. n0 + 8 NG - 1 (those below N) = acc (+ bias).
+template <int MR, int NG>
+inline void store_tile(const __m256* acc, int64_t r0, int64_t n0, int64_t N, const float* bias, float* out,
+                       int64_t out_stride) {
+  alignas(32) float result[MR * NG * 8];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR * NG; ++i) _mm256_store_ps(result + i * 8, acc[i]);
+  for (int r = 0; r < MR; ++r) {
+    for (int jg = 0; jg < NG; ++jg) {
+      const int64_t n = n0 + jg * kQuantGroupCols;
+      const int64_t cols = N - n < 8 ? N - n : 8;
+      const float* src = result + (r * NG + jg) * 8;
+      float* dst = out + (r0 + r) * out_stride + n;
+      for (int64_t c = 0; c < cols; ++c) dst[c] = bias ? src[c] + bias[n + c] : src[c];
+    }
   }
 }
 
@@ -194,36 +207,17 @@ void i16_tile(const QuantActs16& a, const QuantWeightView& w, int64_t r0, int64_
           }
         }
       }
+      __m256 d[NG], m[NG];
 #pragma GCC unroll 4
       for (int jg = 0; jg < NG; ++jg) {
-        __m256 d, m;
         const int64_t at = scale0 + b * kScaleStride + s * kQuantTileGroups * kQuantGroupCols + jg * kQuantGroupCols;
         const int64_t sup = super0 + (b / kSuperBlocks) * kQuantTileGroups * kQuantGroupCols + jg * kQuantGroupCols;
-        scale_min_at<BITS>(w, at, sup, sub_mins, &d, &m);
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-          const int64_t row = r0 + r;
-          const float sx = a.scale[row * nb + b];
-          const float ss = kScaleBlocks == 2 ? a.scaled_sum16[row * 2 * nb + 2 * b + s] : a.scaled_sum32[row * nb + b];
-          acc[r * NG + jg] =
-              _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r * NG + jg]), _mm256_mul_ps(d, _mm256_set1_ps(sx)), acc[r * NG + jg]);
-          acc[r * NG + jg] = _mm256_fmadd_ps(m, _mm256_set1_ps(ss), acc[r * NG + jg]);
-        }
+        scale_min_at<BITS>(w, at, sup, sub_mins, &d[jg], &m[jg]);
       }
+      add_scale_block<MR, NG, kScaleBlocks>(a, r0, b, s, dot, d, m, acc);
     }
   }
-  alignas(32) float result[MR * NG * 8];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR * NG; ++i) _mm256_store_ps(result + i * 8, acc[i]);
-  for (int r = 0; r < MR; ++r) {
-    for (int jg = 0; jg < NG; ++jg) {
-      const int64_t n = (g0 + jg) * kQuantGroupCols;
-      const int64_t cols = w.out_features - n < 8 ? w.out_features - n : 8;
-      const float* src = result + (r * NG + jg) * 8;
-      float* dst = out + (r0 + r) * out_stride + n;
-      for (int64_t c = 0; c < cols; ++c) dst[c] = bias ? src[c] + bias[n + c] : src[c];
-    }
-  }
+  store_tile<MR, NG>(acc, r0, g0 * kQuantGroupCols, w.out_features, bias, out, out_stride);
 }
 
 template <int MR, int BITS>
@@ -355,34 +349,17 @@ void i16_panel_tile(const QuantActs16& a, const I16Panel& panel, int64_t j0, int
           }
         }
       }
+      __m256 d[NG], m[NG];
 #pragma GCC unroll 4
       for (int jg = 0; jg < NG; ++jg) {
         const int64_t lane = b * kScaleStride + s * kQuantTileGroups * kQuantGroupCols + (j0 + jg) * kQuantGroupCols;
-        const __m256 d = _mm256_loadu_ps(panel.scales.data() + lane), m = _mm256_loadu_ps(panel.mins.data() + lane);
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-          const int64_t row = r0 + r;
-          const float sx = a.scale[row * nb + b];
-          const float ss = kScaleBlocks == 2 ? a.scaled_sum16[row * 2 * nb + 2 * b + s] : a.scaled_sum32[row * nb + b];
-          acc[r * NG + jg] =
-              _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r * NG + jg]), _mm256_mul_ps(d, _mm256_set1_ps(sx)), acc[r * NG + jg]);
-          acc[r * NG + jg] = _mm256_fmadd_ps(m, _mm256_set1_ps(ss), acc[r * NG + jg]);
-        }
+        d[jg] = _mm256_loadu_ps(panel.scales.data() + lane);
+        m[jg] = _mm256_loadu_ps(panel.mins.data() + lane);
       }
+      add_scale_block<MR, NG, kScaleBlocks>(a, r0, b, s, dot, d, m, acc);
     }
   }
-  alignas(32) float result[MR * NG * 8];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR * NG; ++i) _mm256_store_ps(result + i * 8, acc[i]);
-  for (int r = 0; r < MR; ++r) {
-    for (int jg = 0; jg < NG; ++jg) {
-      const int64_t n = n0 + jg * kQuantGroupCols;
-      const int64_t cols = N - n < 8 ? N - n : 8;
-      const float* src = result + (r * NG + jg) * 8;
-      float* dst = out + (r0 + r) * out_stride + n;
-      for (int64_t c = 0; c < cols; ++c) dst[c] = bias ? src[c] + bias[n + c] : src[c];
-    }
-  }
+  store_tile<MR, NG>(acc, r0, n0, N, bias, out, out_stride);
 }
 
 template <int NG, int BITS>

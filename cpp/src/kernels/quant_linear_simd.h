@@ -222,16 +222,15 @@ inline __m256 sub_scale_lanes(const uint8_t* p) {
   return _mm256_cvtepi32_ps(BITS == 6 ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
 }
 
-// Scales and mins (the format's symmetric min without mins) of group g, block b, scale block s;
-// with two-level scales, super * sub (exact, quant_linear.h).
+// Scales and mins (the format's symmetric min without mins) of the 8 columns whose scales start at
+// index `at`, with two-level scales super * sub (exact, quant_linear.h) from super index `sup`;
+// `sub_mins` = quant_sub_min_offset(w) (read only with two-level mins).
 template <int BITS>
-inline void scale_min(const QuantWeightView& w, int64_t g, int64_t b, int64_t s, int64_t nb, __m256* d, __m256* m) {
-  const int64_t at = quant_scale_index(g, b, s, nb, quant_scale_blocks(BITS));
+inline void scale_min_at(const QuantWeightView& w, int64_t at, int64_t sup, int64_t sub_mins, __m256* d, __m256* m) {
   if (w.sub_scales) {
-    const int64_t sup = quant_super_index(g, b, nb);
     *d = _mm256_mul_ps(_mm256_loadu_ps(w.scales + sup), sub_scale_lanes<BITS>(w.sub_scales + at));
     if (w.mins) {
-      *m = _mm256_mul_ps(_mm256_loadu_ps(w.mins + sup), sub_scale_lanes<4>(w.sub_scales + quant_sub_min_offset(w) + at));
+      *m = _mm256_mul_ps(_mm256_loadu_ps(w.mins + sup), sub_scale_lanes<4>(w.sub_scales + sub_mins + at));
     } else if constexpr (BITS == 8) {
       *m = _mm256_setzero_ps();
     } else {
@@ -247,6 +246,14 @@ inline void scale_min(const QuantWeightView& w, int64_t g, int64_t b, int64_t s,
   } else {
     *m = _mm256_mul_ps(*d, _mm256_set1_ps(-quant_symmetric_offset(BITS)));  // exact: a power of two
   }
+}
+
+// scale_min_at of group g, block b, scale block s.
+template <int BITS>
+inline void scale_min(const QuantWeightView& w, int64_t g, int64_t b, int64_t s, int64_t nb, __m256* d, __m256* m) {
+  const int64_t at = quant_scale_index(g, b, s, nb, quant_scale_blocks(BITS));
+  const int64_t sup = w.sub_scales ? quant_super_index(g, b, nb) : 0;
+  scale_min_at<BITS>(w, at, sup, w.sub_scales && w.mins ? quant_sub_min_offset(w) : 0, d, m);
 }
 
 // Calls f(std::integral_constant<int, bits>) for the weight's bits (4, 5, 6 or 8; quant_linear
