@@ -51,7 +51,9 @@ def main() -> None:
         for m in MODES
     }
     gen = torch.Generator().manual_seed(0)
-    out = {"bench": "activations_ab", "machine": describe(), "model": args.model or "default", "rows": []}
+    command = " ".join(["bench/activations_ab.py", *sys.argv[1:]])
+    out = {"bench": "activations_ab", "command": command, "machine": describe(), "model": args.model or "default"}
+    out["rows"] = []
     for batch in args.batch:
         # ~prompt_tokens tokens of random common words each (one token per word), different per stream
         prompts = [

@@ -219,6 +219,7 @@ def main() -> None:
         results[mode] = entry
     record = {
         "bench": "quality",
+        "command": " ".join(["bench/quality.py", *sys.argv[1:]]),
         "model": os.path.basename(path.rstrip("/")),
         "text": os.path.basename(args.text),
         "num_tokens": len(ids),
