@@ -76,7 +76,7 @@ def test_quick_run(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=900,  # two servers and four runs: past 400 s on a loaded 2-core machine
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
