@@ -8,12 +8,14 @@ The global ``random`` and ``torch`` generators are seeded before each test, so t
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import secrets
 import shutil
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +32,12 @@ _SEED_KEY = pytest.StashKey[int]()
 _VENV_BIN = os.path.dirname(sys.executable)
 if _VENV_BIN not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = os.pathsep.join(filter(None, [_VENV_BIN, os.environ.get("PATH")]))
+# Servers started by the suite share one step-costs cache (engine.step_costs_cache), the
+# suite's own: the first start-up times steps, later ones reuse its costs; the user's cache is
+# left alone.
+if "TRILLIUM_CACHE_DIR" not in os.environ:
+    os.environ["TRILLIUM_CACHE_DIR"] = tempfile.mkdtemp(prefix="trillium-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["TRILLIUM_CACHE_DIR"], True)
 _PY_CXX = (sysconfig.get_config_var("CXX") or "").split()
 if _PY_CXX and "CXX" not in os.environ and shutil.which(_PY_CXX[0]):
     os.environ["CXX"] = _PY_CXX[0]

@@ -251,12 +251,16 @@ Status check_pack(const int8_t* codes, int64_t N, int64_t K, int32_t bits, const
   }
   if (!codes || !packed_codes) return bad("null pointer");
   if (bits != 8) {
-    const int32_t top = (1 << bits) - 1;
-    for (int64_t i = 0; i < N * K; ++i) {
-      if (codes[i] < 0 || codes[i] > top) {
-        return bad(std::to_string(bits) + "-bit codes must be in [0, " + std::to_string(top) + "], got " +
-                   std::to_string(codes[i]));
-      }
+    // A branch-free scan first (it vectorizes: loading a model checks every code), then the
+    // first bad code found for the message.
+    const auto top = static_cast<uint8_t>((1 << bits) - 1);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(codes);  // a negative code reads as > top
+    uint8_t worst = 0;
+    for (int64_t i = 0; i < N * K; ++i) worst = std::max(worst, bytes[i]);
+    if (worst > top) {
+      const int8_t* bad_code = std::find_if(codes, codes + N * K, [&](int8_t q) { return static_cast<uint8_t>(q) > top; });
+      return bad(std::to_string(bits) + "-bit codes must be in [0, " + std::to_string(top) + "], got " +
+                 std::to_string(*bad_code));
     }
   }
   return Status::Ok();
@@ -267,6 +271,8 @@ void pack_codes(const int8_t* codes, int64_t N, int64_t K, int32_t bits, void* p
   const int64_t nb = K / kQuantBlock, groups = quant_linear_groups(N);
   auto* out = static_cast<uint8_t*>(packed_codes);
   std::memset(out, 0, static_cast<size_t>(quant_linear_packed_bytes(N, K, bits)));
+  // Each group of columns fills records of its own: groups pack in parallel (a model's load).
+#pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* dst = out + kernels::quant_record(g, b, nb) * block_bytes(bits);
@@ -296,6 +302,7 @@ void pack_scale_blocks(const T* src, int64_t N, int64_t K, int32_t bits, T* dst)
   const int64_t nb = K / kQuantBlock, groups = quant_linear_groups(N);
   const int64_t sb = kernels::quant_scale_blocks(bits), ns = K / scale_block_size(bits);
   std::memset(dst, 0, static_cast<size_t>(quant_linear_scale_count(N, K, bits)) * sizeof(T));
+#pragma omp parallel for schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t b = 0; b < nb; ++b) {
       for (int64_t c = 0; c < kQuantGroupCols; ++c) {

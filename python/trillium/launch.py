@@ -19,6 +19,8 @@ from trillium.config import EngineConfig, SpeculativeConfig
 from trillium.engine.cuda_graphs import CudaGraphSteps
 from trillium.engine.runner import ModelRunner, kv_bytes_per_block
 from trillium.engine.step_costs import StepCosts, measure_step_costs
+from trillium.engine.step_costs_cache import cached_step_costs
+from trillium.engine.step_costs_cache import key as step_costs_key
 from trillium.engine.step_thread import StepThread
 from trillium.engine_client import EngineClient
 from trillium.models import default_model_path, load_model
@@ -207,9 +209,22 @@ class Engine:
             self.runner.graphs.capture()
         self.spec_costs: StepCosts | None = None
         if isinstance(spec, SpeculativeConfig):
-            # What a draft row costs against a decoded token, per batch size (speculative.depth).
-            threshold, self.spec_costs = measure_step_costs(
-                self.runner, spec.num_speculative_tokens, config.max_running
+            # What a draft row costs against a decoded token, per batch size (speculative.depth):
+            # timed now, or kept from the last start-up on this model, build and machine.
+            k = spec.num_speculative_tokens
+            settings = {
+                **self.precision,
+                "dtype": str(config.torch_dtype),
+                "device": device,
+                "cuda_graphs": config.cuda_graphs,
+                "threads": torch.get_num_threads(),
+                "block_size": config.block_size,
+                "max_running": config.max_running,
+                "k": k,
+            }
+            threshold, self.spec_costs = cached_step_costs(
+                step_costs_key(path, _core.__file__, settings),
+                lambda: measure_step_costs(self.runner, k, config.max_running),
             )
             if spec.disable_by_batch_size is None:
                 spec = dataclasses.replace(spec, disable_by_batch_size=threshold)

@@ -206,7 +206,16 @@ class LlamaForCausalLM(nn.Module):
         loading a large model should not pay for it). Only :meth:`load_weights` makes it usable."""
         with torch.device("meta"):
             model = cls(config, dtype)
-        model.to_empty(device=device)
+        # Not ``model.to_empty``: its ``empty_like`` of a meta tensor runs torch's Python
+        # reference, whose first use imports sympy -- a second of every start-up.
+        for module in model.modules():
+            for name, param in module._parameters.items():
+                if param is not None:
+                    fresh = torch.empty(param.shape, dtype=param.dtype, device=device)
+                    module._parameters[name] = nn.Parameter(fresh, requires_grad=param.requires_grad)
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    module._buffers[name] = torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
         model.rotary.build(inv_freq=None, device=device)
         return model
 
