@@ -240,6 +240,20 @@ def read_quality(data: dict) -> Iterator[Row]:
                 None,
                 (phase,),
             )
+    llama = data.get("llama.cpp") or {}
+    if "ppl" in llama:  # llama-perplexity on the same file and text (its own tokenizer and windows)
+        for mode, phases in data["modes"].items():
+            ppl = phases.get("prefill", {}).get("ppl")
+            if ppl is not None and mode != "exact":
+                yield Row(
+                    "quality",
+                    f"{mode} perplexity ÷ llama.cpp's (llama-perplexity)",
+                    f"{data.get('model', '?')}; {data.get('text', '?')}, 512-token windows",
+                    "prefill",
+                    f"{ppl / llama['ppl']:.4f}x ({ppl:.4f} vs {llama['ppl']:.4f})",
+                    ppl / llama["ppl"],
+                    ("prefill",),
+                )
 
 
 def read_gpu(data: dict) -> Iterator[Row]:

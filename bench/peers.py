@@ -280,6 +280,7 @@ def trillium_command(port: int, slots: int, args: argparse.Namespace) -> list[st
         # The engine's own per-token cost, comparable across rounds; bench/speculative.py measures
         # the n-gram speculation trillium runs by default (--trillium-speculation keeps it on here).
         *speculation,
+        *args.trillium_flags.split(),
     ]
 
 
@@ -526,6 +527,11 @@ def main() -> None:
         "--trillium-speculation",
         action="store_true",
         help="serve trillium with its default n-gram speculation (lossless) instead of --speculative-config off",
+    )
+    c.add_argument(
+        "--trillium-flags",
+        default="",
+        help="more flags for trillium serve, one string (e.g. '--weights dense'): a mode other than the default",
     )
     c.add_argument(
         "--client",

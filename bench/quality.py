@@ -53,6 +53,7 @@ from trillium.ops.attention import AttentionMetadata
 from trillium.ops.quant_linear import Activations
 from trillium.tokenizer import load_tokenizer
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HELD_TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "held_text.txt")
 WINDOW = 512
 BLOCK_SIZE = 16
@@ -150,7 +151,9 @@ def llama_perplexity(binary: str, model: str, text_path: str, threads: int) -> d
     match = re.search(r"Final estimate: PPL = ([0-9.]+)", out.stdout + out.stderr)
     if match is None:
         return {"error": (out.stderr or out.stdout)[-400:]}
-    return {"ppl": float(match.group(1)), "command": " ".join(cmd)}
+    # Recorded without this checkout's location: the model by name, the rest relative to it.
+    shown = [os.path.basename(c) if c == model else os.path.relpath(c, ROOT) if os.path.isabs(c) else c for c in cmd]
+    return {"ppl": float(match.group(1)), "command": " ".join(shown)}
 
 
 def main() -> None:

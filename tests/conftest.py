@@ -22,6 +22,10 @@ from typing import Any
 import pytest
 import torch
 
+# The Hugging Face oracle's fixtures (hf_reference_dir): one instance for the whole session, which
+# a fixture imported into each test module would not be (each import is a fixture of its own).
+pytest_plugins = ["tests.hf_oracle"]
+
 _SEED_KEY = pytest.StashKey[int]()
 
 # The C++ builds that tests run as subprocesses (the C++ tests, the embedding install, the

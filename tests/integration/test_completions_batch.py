@@ -12,8 +12,6 @@ import httpx
 import pytest
 import torch
 
-from tests.hf_oracle import hf_reference_dir  # noqa: F401  (fixture)
-
 MODEL = "SmolLM2-135M-Instruct"
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time"]
 
@@ -72,7 +70,7 @@ def test_suffix_stays_a_clear_400(http):
     assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
 
 
-def test_echo_with_logprobs_scores_the_prompt_like_the_hf_oracle(exact_server, hf_reference_dir):  # noqa: F811
+def test_echo_with_logprobs_scores_the_prompt_like_the_hf_oracle(exact_server, hf_reference_dir):
     from transformers import AutoModelForCausalLM
 
     http = httpx.Client(base_url=exact_server.base_url, timeout=120)

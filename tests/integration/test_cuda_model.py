@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from tests.hf_oracle import hf_reference_dir  # noqa: F401  (fixture)
 from tests.integration.test_hf_parity import (  # the CPU parity test's runner and prompts, on the GPU here
     BLOCK_SIZE,
     PagedRunner,
@@ -66,7 +65,7 @@ def _hf(reference_dir, dtype: torch.dtype):
 
 
 @pytest.fixture(scope="module")
-def hf_fp32_cuda(hf_reference_dir):  # noqa: F811
+def hf_fp32_cuda(hf_reference_dir):
     return _hf(hf_reference_dir, torch.float32)
 
 

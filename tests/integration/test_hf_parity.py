@@ -25,7 +25,6 @@ import itertools
 import pytest
 import torch
 
-from tests.hf_oracle import hf_reference_dir  # noqa: F401  (fixture)
 from trillium.models import default_model_path, load_model
 from trillium.ops.attention import AttentionMetadata
 from trillium.tokenizer import load_tokenizer
@@ -58,7 +57,7 @@ def ours_fp32():
 
 
 @pytest.fixture(scope="module")
-def hf_fp32(hf_reference_dir):  # noqa: F811
+def hf_fp32(hf_reference_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(hf_reference_dir, dtype=torch.float32).eval()
@@ -147,7 +146,7 @@ def _our_all_logits(model, ids: list[int]) -> torch.Tensor:  # [n, V] fp32, ours
         return model.compute_logits(model(torch.tensor(ids), torch.arange(n), runner.kv, meta))
 
 
-def test_bf16_as_accurate_as_hf_bf16(prompts, hf_fp32, hf_fp32_results, hf_reference_dir) -> None:  # noqa: F811
+def test_bf16_as_accurate_as_hf_bf16(prompts, hf_fp32, hf_fp32_results, hf_reference_dir) -> None:
     """Teacher-forced on HF's fp32 greedy path: our bf16 logits are as close to the fp32 truth as
     HF's own bf16 run is; argmax agrees wherever fp32 has a clear winner (top-2 margin > 1.0,
     above the ~0.65 bf16 noise measured here); free-running greedy leaves the fp32 path only at a

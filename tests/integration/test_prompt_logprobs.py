@@ -16,7 +16,6 @@ import os
 import pytest
 import torch
 
-from tests.hf_oracle import hf_reference_dir  # noqa: F401  (fixture)
 from tests.integration.test_hf_parity import CHAT, RAW, _all_logits, _our_all_logits
 from trillium import LLM, SamplingParams
 from trillium.engine import runner
@@ -134,7 +133,7 @@ def test_prompt_logprobs_ignore_the_prefix_cache_the_batch_and_sampling_paramete
     assert blocks.num_reclaimable_blocks == blocks.num_total_blocks  # nothing leaked
 
 
-def test_prompt_logprobs_match_hf(llm, prompts, hf_reference_dir) -> None:  # noqa: F811
+def test_prompt_logprobs_match_hf(llm, prompts, hf_reference_dir) -> None:
     """The oracle: HF transformers' fp32 log-softmax over the prompt's logits."""
     from transformers import AutoModelForCausalLM
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from tests.hf_oracle import hf_reference_dir  # noqa: F401  (fixture)
 from tests.paged import prefill_and_greedy
 from trillium.models import ModelConfig, default_model_path, load_model
 from trillium.models.config import served_name
@@ -64,7 +63,7 @@ def test_served_name(file_name: str, expected: str) -> None:
 
 
 @pytest.mark.slow
-def test_gguf_weights_equal_hf_dequantized(hf_reference_dir) -> None:  # noqa: F811
+def test_gguf_weights_equal_hf_dequantized(hf_reference_dir) -> None:
     """Every parameter (Q/K un-permuted) equals what transformers made of the same GGUF; this also
     runs our HF-directory loader on a real checkpoint (tied embeddings, no `lm_head`)."""
     ours, config = load_model(default_model_path(), torch.float32, progress=False)

@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from tests.hf_oracle import hf_reference_dir  # noqa: F401  (fixture)
 from trillium.models import default_model_path
 from trillium.tokenizer import Tokenizer, load_tokenizer
 
@@ -49,7 +48,7 @@ def tok() -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def hf_tok(hf_reference_dir):  # noqa: F811
+def hf_tok(hf_reference_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(hf_reference_dir)
@@ -128,7 +127,7 @@ def test_chat_template_matches_hf(tok: Tokenizer, hf_tok, with_system: bool, add
         assert ours.endswith("<|im_start|>assistant\n")
 
 
-def test_hf_dir_tokenizer_agrees_with_gguf(tok: Tokenizer, hf_reference_dir) -> None:  # noqa: F811
+def test_hf_dir_tokenizer_agrees_with_gguf(tok: Tokenizer, hf_reference_dir) -> None:
     from_dir = load_tokenizer(str(hf_reference_dir))
     assert (from_dir.bos_token_id, from_dir.eos_token_ids) == (tok.bos_token_id, tok.eos_token_ids)
     assert from_dir.apply_chat_template(CONVERSATION) == tok.apply_chat_template(CONVERSATION)
