@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -184,11 +185,27 @@ def test_openai_client_raises_bad_request_on_400(openai_client):
         openai_client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
 
 
+def _load_settles_at_zero(http, timeout_s: float = 30) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = http.get("/get_load")
+        assert r.status_code == 200 and isinstance(r.json()["load"], int)
+        if r.json()["load"] == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_a_router_sees_the_load_the_server_info_and_vllms_gauge_names(http, openai_client):
-    """What vllm-router reads from a worker: ``/get_load`` (power_of_two), ``/get_server_info``
+    """What vllm-router reads from a worker: ``/get_load`` (power_of_two: a streaming request counts
+    until its client goes away), ``/get_server_info``
     (model and KV block size) and vLLM's gauge names in ``/metrics``, next to trillium's own."""
-    load = http.get("/get_load")
-    assert load.status_code == 200 and isinstance(load.json()["load"], int) and load.json()["load"] >= 0
+    assert _load_settles_at_zero(http)  # an earlier test's cut-off request may still be ending
+    body = {"prompt": "Count:", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as stream:
+        next(line for line in stream.iter_lines() if line.startswith("data: {"))  # it is decoding
+        assert http.get("/get_load").json() == {"load": 1}
+    assert _load_settles_at_zero(http)  # the client went away: its request stops counting
     info = http.get("/get_server_info").json()
     assert info["engine"] == "trillium" and info["model_id"] == openai_client.models.list().data[0].id
     assert info["kv_block_size"] == 16 and info["kv_cache_tokens"] % 16 == 0 and info["max_model_len"] > 0
