@@ -35,6 +35,17 @@ def cpu_has_native_bf16() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
+def cache_dir() -> str | None:
+    """Where trillium keeps what a start-up may reuse (``engine.step_costs_cache``):
+    ``TRILLIUM_CACHE_DIR``, else ``$XDG_CACHE_HOME/trillium``, else ``~/.cache/trillium``; None
+    when ``TRILLIUM_CACHE_DIR`` is set empty (nothing kept)."""
+    root = os.environ.get("TRILLIUM_CACHE_DIR")
+    if root is None:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(xdg, "trillium")
+    return root or None
+
+
 def resolve_dtype(name: str, device: str = "cpu") -> str:
     """``auto`` -> ``bf16`` on a GPU and on CPUs with native bf16, else ``fp32``; other names unchanged."""
     if name != "auto":

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from trillium import config
 from trillium.engine.step_costs import StepCosts
 
 log = logging.getLogger("trillium.engine")
@@ -34,10 +35,7 @@ _FORMAT = 1  # bumped when an entry's layout or the measurement's method changes
 
 def cache_dir() -> Path | None:
     """The directory entries live in, or None when the cache is off (module doc)."""
-    root = os.environ.get("TRILLIUM_CACHE_DIR")
-    if root is None:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(xdg, "trillium")
+    root = config.cache_dir()
     return Path(root, "step_costs") if root else None
 
 
