@@ -59,6 +59,13 @@ class StepCosts:
         """(batch size, break-even) pairs, as ``SchedulerConfig.spec_break_even`` takes them."""
         return tuple(zip(self.batch_sizes, self.break_even()))
 
+    def describe(self, threshold: int) -> str:
+        """What the start-up log says of these costs and the threshold derived from them."""
+        return (
+            f"a draft pays from a {[round(p, 2) for p in self.break_even()]} chance of acceptance at batch "
+            f"{self.batch_sizes}; none from {threshold} running requests"
+        )
+
     def break_even(self) -> list[float]:
         """Per batch size: a draft row's cost over a decoded token's (see the module doc)."""
         k = self.num_speculative_tokens
@@ -125,12 +132,7 @@ def measure_step_costs(runner: ModelRunner, num_speculative_tokens: int, max_bat
             threshold = batch
             break
         batch *= 2
-    log.info(
-        "speculation: a draft pays from a %s chance of acceptance at batch %s; none from %d running requests",
-        [round(p, 2) for p in costs.break_even()],
-        costs.batch_sizes,
-        threshold,
-    )
+    log.info("speculation: %s", costs.describe(threshold))
     return threshold, costs
 
 

@@ -77,17 +77,15 @@ def cached_step_costs(name: str, measure: Callable[[], tuple[int, StepCosts]]) -
     if path is not None:
         try:
             entry = json.loads(path.read_text())
-            if time.time() - float(entry["measured_at"]) < MAX_AGE_S:
-                costs = StepCosts(**entry["costs"])
+            age_s = time.time() - float(entry["measured_at"])
+            if age_s < MAX_AGE_S:
+                threshold, costs = int(entry["threshold"]), StepCosts(**entry["costs"])
                 log.info(
-                    "speculation: step costs measured %.0f min ago on this model, build and machine "
-                    "(a draft pays from a %s chance of acceptance at batch %s; none from %d running requests)",
-                    (time.time() - float(entry["measured_at"])) / 60,
-                    [round(p, 2) for p in costs.break_even()],
-                    costs.batch_sizes,
-                    entry["threshold"],
+                    "speculation: step costs measured %.0f min ago on this model, build and machine (%s)",
+                    age_s / 60,
+                    costs.describe(threshold),
                 )
-                return int(entry["threshold"]), costs
+                return threshold, costs
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.debug("step costs cache: no usable entry at %s (%s)", path, e)
     threshold, costs = measure()
