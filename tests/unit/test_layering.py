@@ -73,3 +73,46 @@ def test_the_checker_sees_an_upward_import():
         "from trillium.server.app import build_app\nimport trillium.scheduler.actor\nfrom trillium import launch\n"
     )
     assert [u for _, u in _imported_units(tree)] == ["server", "scheduler", "launch"]
+
+
+# What the scheduler may use of structured output: the per-request controller and the bitmask
+# filler it hands each step's controllers to. Everything behind the controller (matcher, guard,
+# closer, witnesses, value checks) is structured/'s own.
+SCHEDULER_MAY_IMPORT = {
+    "trillium.structured.controller": {"OutputController", "StructuredCounters", "CLOSE_SEARCH_SECONDS"},
+    "trillium.structured.bitmask": {"BitmaskFiller", "StepBitmask"},
+}
+BEHIND_THE_CONTROLLER = {"matcher", "guard", "closer", "checker", "ll_matcher", "bans"}
+
+
+def _scheduler_reaches() -> list[str]:
+    out = []
+    for path in sorted((ROOT / "scheduler").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            where = f"scheduler/{path.name}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("trillium.structured"):
+                allowed = SCHEDULER_MAY_IMPORT.get(node.module, set())
+                out += [f"{where}: imports {node.module}.{a.name}" for a in node.names if a.name not in allowed]
+            elif isinstance(node, ast.Import):
+                out += [f"{where}: imports {a.name}" for a in node.names if a.name.startswith("trillium.structured")]
+            elif isinstance(node, ast.Attribute) and node.attr in BEHIND_THE_CONTROLLER:
+                out.append(f"{where}: reaches .{node.attr}")
+    return out
+
+
+def test_the_scheduler_calls_structured_output_only_through_its_controller():
+    assert _scheduler_reaches() == []
+
+
+def test_the_controller_answers_in_protocol_types():
+    """The scheduler gets verdicts (``protocol.Verdict``) and plain values back, never an object
+    of structured/'s internals."""
+    import typing
+
+    from trillium.protocol import Verdict
+    from trillium.structured.controller import OutputController
+
+    hints = {name: typing.get_type_hints(getattr(OutputController, name))["return"] for name in ("step", "draft_run")}
+    hints["searches"] = typing.get_type_hints(OutputController.searches.fget)["return"]
+    assert hints == {"step": Verdict, "draft_run": list[int], "searches": bool}

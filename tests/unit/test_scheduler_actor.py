@@ -15,9 +15,9 @@ import trio.testing
 
 from tests.fakes import FakeExecutor
 from trillium import _core
-from trillium.protocol import AbortRequest, AddRequest, FinishReason, SamplingParams, TokenDelta
+from trillium.protocol import AbortRequest, AddRequest, FinishReason, SamplingParams, TokenDelta, Verdict
 from trillium.runtime import Mailbox, MailboxClosed, Supervisor, open_inbox
-from trillium.scheduler import SchedulerConfig, SchedulerPolicy
+from trillium.scheduler import SchedulerConfig
 from trillium.scheduler.actor import SchedulerActor, merge_deltas
 from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace, public_namespace
 
@@ -323,45 +323,82 @@ async def test_the_prefix_caches_changes_reach_the_event_sink_and_a_rebuilt_pool
         supervisor.request_shutdown()
 
 
-async def test_an_update_that_may_search_runs_off_the_event_loop(monkeypatch):
-    """A step whose update may run closing searches (value-checked structured output: up to the
-    step's search time of Python work) is applied on a worker thread, so the event loop --
-    /health, every other stream -- goes on meanwhile; the watchdog covers it; the output is the
-    same. Each update waits until a task on the loop has run while it was in progress: on the
-    loop itself it would wait in vain (and fail after 10 s)."""
-    in_update, loop_ran = threading.Event(), threading.Event()
-    update_threads: list[int] = []
-    in_step: list[bool] = []
-    actors: list[SchedulerActor] = []
-    real_update = SchedulerPolicy.update
+class GatedController:
+    """A structured-output controller whose verdicts may search (``searches``) and wait for the
+    test's gate: appends each kept token, checked by the scheduler's stop rule, like a grammar
+    that allows everything."""
 
-    def blocking_update(self, plan, output):
-        update_threads.append(threading.get_ident())
-        in_step.append(actors[0].in_step)
-        loop_ran.clear()
-        in_update.set()
-        ran = loop_ran.wait(timeout=10)
-        in_update.clear()
-        assert ran, "the event loop did not run while the update was in progress"
-        return real_update(self, plan, output)
+    searches = True
 
-    async def loop_task():
-        while True:
-            if in_update.is_set():
-                loop_ran.set()
-            await trio.sleep(0.001)
+    def __init__(self, limit):
+        self.gate = threading.Event()
+        self.called = threading.Event()
+        self.threads: set[int] = set()
 
-    monkeypatch.setattr(SchedulerPolicy, "may_search", lambda self, plan: True)
-    monkeypatch.setattr(SchedulerPolicy, "update", blocking_update)
+    def draft_run(self, num_output, propose):
+        return []
+
+    def step(self, output, token_ids, logprobs, stop, deadline):
+        self.threads.add(threading.get_ident())
+        self.called.set()
+        assert self.gate.wait(timeout=30), "the test never opened the gate"
+        reason = None
+        for t in token_ids:
+            output.append(t)
+            reason = stop(t)
+            if reason is not None:
+                break
+        return Verdict(new_token_ids=list(token_ids), num_unchanged=len(output), finish_reason=reason)
+
+
+class GatedGrammar:
+    def __init__(self):
+        self.controllers: list[GatedController] = []
+
+    def new_controller(self, *, limit, **_):
+        self.controllers.append(GatedController(limit))
+        return self.controllers[-1]
+
+
+async def test_a_verdict_that_may_search_is_decided_off_the_loop_while_other_requests_step_on():
+    """A value-checked structured request's verdict (closing and witness searches, up to the
+    step's search time of Python work) is decided on the search thread: while it is held, the
+    event loop runs, an unconstrained request streams to its end, and the held request sits out
+    the steps (it is not scheduled again before its verdict). Its output is then the same."""
+    grammar = GatedGrammar()
     async with trio.open_nursery() as nursery:
         send, allocator, _, actor = await start(nursery)
-        actors.append(actor)
-        nursery.start_soon(loop_task)
-        tokens, reason = await collect(submit(send, "a", max_tokens=3))
+        held = submit(send, "held", max_tokens=3, grammar=grammar)
+        await trio.to_thread.run_sync(lambda: grammar.controllers[0].called.wait(10))
+        steps_before = actor.num_steps
+        free, _ = await collect(submit(send, "free", prompt_len=7, max_tokens=6))
+        assert free == [FakeExecutor.token_at(7 + k) for k in range(6)]
+        assert actor.num_steps >= steps_before + 6  # the free request's steps ran meanwhile
+        held_request = actor.policy.requests["held"]
+        assert held_request.pending and held_request.output_token_ids == []  # its first verdict is held
+        controller = grammar.controllers[0]
+        controller.gate.set()
+        tokens, reason = await collect(held)
         nursery.cancel_scope.cancel()
     assert tokens == [FakeExecutor.token_at(5 + k) for k in range(3)] and reason == FinishReason.LENGTH
-    assert len(update_threads) >= 3 and threading.get_ident() not in update_threads and all(in_step)
+    assert controller.threads and threading.get_ident() not in controller.threads
     assert allocator.num_free_blocks == allocator.num_total_blocks
+
+
+async def test_a_request_aborted_while_its_verdict_is_pending_frees_its_blocks_at_once():
+    grammar = GatedGrammar()
+    async with trio.open_nursery() as nursery:
+        send, allocator, _, actor = await start(nursery)
+        held = submit(send, "held", max_tokens=3, grammar=grammar)
+        await trio.to_thread.run_sync(lambda: grammar.controllers[0].called.wait(10))
+        await send.send(AbortRequest("held"))
+        _, reason = await collect(held)
+        assert reason is None and allocator.num_free_blocks == allocator.num_total_blocks
+        grammar.controllers[0].gate.set()  # its late verdict is dropped
+        box = submit(send, "next", max_tokens=2)
+        assert (await collect(box))[1] == FinishReason.LENGTH
+        assert not actor.policy.requests
+        nursery.cancel_scope.cancel()
 
 
 def journaling_actor():

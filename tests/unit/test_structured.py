@@ -6,7 +6,7 @@ in one step."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
+import time
 
 import pytest
 import torch
@@ -28,7 +28,14 @@ from trillium.runtime import Mailbox, open_inbox
 from trillium.scheduler import Request, SchedulerConfig, SchedulerPolicy
 from trillium.scheduler.actor import SchedulerActor, merge_deltas
 from trillium.scheduler.kv_manager import KVBlockManager
-from trillium.structured import BitmaskFiller, GrammarCompiler, GrammarError, build_ll_tokenizer
+from trillium.structured import (
+    BitmaskFiller,
+    GrammarCompiler,
+    GrammarError,
+    OutputController,
+    StructuredCounters,
+    build_ll_tokenizer,
+)
 from trillium.structured.actor import GrammarActor
 
 BLOCK = 4
@@ -114,7 +121,7 @@ def test_a_step_mixing_drafting_and_plain_constrained_requests_fills_every_row(c
     # With speculation on, one constrained request may verify drafts while another has none this
     # step: llguidance's draft fill refuses an empty draft list, so the two kinds are filled apart.
     grammar = compiler.compile(StructuredOutputs(json=PERSON))
-    drafting, plain = grammar.new_matcher(), grammar.new_matcher()
+    drafting, plain = controller_of(grammar, tok), controller_of(grammar, tok)
     drafts = tok.encode('{"name"', add_special_tokens=False)
     filler = BitmaskFiller(8, tok.vocab_size, num_threads=1)
     try:
@@ -371,10 +378,10 @@ async def test_what_the_checks_of_one_request_take_back_is_bounded(tok, compiler
     times: past TAKE_BACK_PER_TOKEN tokens per token of max_tokens (at least TAKE_BACK_MIN) the
     request ends with an error saying so. (A 200-character string under recursive "not"s ran
     for minutes.)"""
-    from trillium.scheduler import policy
+    from trillium.structured import controller
 
-    monkeypatch.setattr(policy, "TAKE_BACK_MIN", 3)
-    monkeypatch.setattr(policy, "TAKE_BACK_PER_TOKEN", 0)
+    monkeypatch.setattr(controller, "TAKE_BACK_MIN", 3)
+    monkeypatch.setattr(controller, "TAKE_BACK_PER_TOKEN", 0)
     grammar = compiler.compile(StructuredOutputs(json=UNIQUE))
     sampling = SamplingParams(max_tokens=60, structured=StructuredOutputs(json=UNIQUE))
     results, actor, _ = await run_requests(tok, [("r", sampling, grammar)])
@@ -402,11 +409,11 @@ async def test_a_value_is_written_again_as_a_witness_of_its_schema(tok, compiler
       witness, and the model goes on from there. Without witnesses (``MAX_WITNESS_VALUES`` 0) the
       request ends with the retry bound's error, as before."""
     jsonschema = pytest.importorskip("jsonschema")
-    from trillium.scheduler import policy
+    from trillium.structured import controller
 
-    monkeypatch.setattr(policy, "MAX_VALUE_RETRIES", 0)  # the first failure is one too many
+    monkeypatch.setattr(controller, "MAX_VALUE_RETRIES", 0)  # the first failure is one too many
     if case.endswith("no witnesses"):
-        monkeypatch.setattr(policy, "MAX_WITNESS_VALUES", 0)
+        monkeypatch.setattr(controller, "MAX_WITNESS_VALUES", 0)
     schema = {"type": "object", "properties": {"n": WITNESS_ONLY}, "required": ["n"], "additionalProperties": False}
     grammar = compiler.compile(StructuredOutputs(json=schema))
     assert grammar.checks is not None
@@ -434,10 +441,10 @@ async def test_a_closed_output_that_fails_a_check_says_which(tok, compiler, monk
     budget is spent at once, the plain closing (which repeats an item) is used -- and the choice
     says so (``unsatisfied_check``), never passing for valid."""
     jsonschema = pytest.importorskip("jsonschema")
-    from trillium.scheduler import policy
+    from trillium.structured import controller
 
     if search == "spent":
-        monkeypatch.setattr(policy, "CLOSE_CHECK_BUDGET", 0)
+        monkeypatch.setattr(controller, "CLOSE_CHECK_BUDGET", 0)
     schema = {"type": "array", "items": {"type": "integer"}, "minItems": 6, "uniqueItems": True}
     grammar = compiler.compile(StructuredOutputs(json=schema))
     sampling = SamplingParams(max_tokens=grammar.min_output_tokens + 3, structured=StructuredOutputs(json=schema))
@@ -537,14 +544,15 @@ def test_a_draft_past_the_parsers_limit_leaves_the_request_able_to_go_on(tok, mo
         return {rng.choice("abcdefgh"): value(depth + 1) for _ in range(rng.randint(1, 3))}
 
     ids = tok.encode(json.dumps({"data": value(0)}, separators=(",", ":")), add_special_tokens=False)
-    matcher = grammar.new_matcher()
+    controller = controller_of(grammar, tok)
+    matcher = controller.matcher
     filler = BitmaskFiller(8, tok.vocab_size, num_threads=1)
     tripped = 0
     try:
         for pos, token in enumerate(ids):
             drafts = ids[pos : pos + 5]  # the continuation, as the scheduler validates drafts
             filler.buffer.fill_(0x15555555)  # a row the fill leaves alone shows as this
-            step = filler.begin_step([(0, matcher, drafts)], 1)
+            step = filler.begin_step([(0, controller, drafts)], 1)
             assert step is not None
             step.wait()
             assert not matcher.ll_matcher.is_error()  # the drafts went through a copy
@@ -587,25 +595,49 @@ DEAD_END = {
 }
 
 
-def test_only_a_step_with_value_checked_requests_may_search(tok, compiler):
-    """The scheduler runs a step's update off the event loop exactly when it may search closings
-    (``SchedulerPolicy.may_search``): a request whose schema has checks beyond the grammar is in
-    it; a grammar without checks, or no grammar, stays on the loop."""
+def controller_of(grammar, tok, max_tokens=8, *, guard=True, jump_forward=True):
+    """A request's structured-output controller, as the scheduler actor makes one; ``guard=False``:
+    the same grammar, as a schema without value checks compiles it."""
+    matcher = grammar.new_matcher()
+    if not guard:
+        matcher.guard = None
+    return OutputController(
+        matcher,
+        limit=max_tokens,
+        sampling=SamplingParams(max_tokens=max_tokens),
+        eos_token_ids=frozenset(tok.eos_token_ids),
+        jump_forward=jump_forward,
+        counters=StructuredCounters(),
+    )
+
+
+def test_only_a_value_checked_request_waits_for_its_verdict(tok, compiler):
+    """The scheduler defers a step's verdict (to the search thread) exactly when it may search
+    closings: a request whose schema has checks beyond the grammar is pending after the step and
+    sits out the next one; a grammar without checks, or no grammar, is decided at once."""
     policy = SchedulerPolicy(
         SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset(tok.eos_token_ids)),
         KVBlockManager(_core.BlockAllocator(64), BLOCK),
     )
 
-    def request(schema):
-        r = Request("r", tok.encode("x"), SamplingParams(max_tokens=8), 8)
+    def request(rid, schema):
+        r = Request(rid, tok.encode("x"), SamplingParams(max_tokens=8), 8)
         if schema is not None:
-            r.matcher = compiler.compile(StructuredOutputs(json=schema)).new_matcher()
+            r.structured = controller_of(compiler.compile(StructuredOutputs(json=schema)), tok)
+        policy.add(r)
         return r
 
-    checked, plain, free = request(DEAD_END), request({"type": "object"}), request(None)
-    assert checked.matcher.guard is not None and plain.matcher.guard is None
-    assert policy.may_search(SimpleNamespace(scheduled=[(free, 1), (checked, 1)]))
-    assert not policy.may_search(SimpleNamespace(scheduled=[(free, 1), (plain, 1)]))
+    checked, plain = request("checked", DEAD_END), request("plain", {"type": "object"})
+    request("free", None)
+    assert checked.structured.searches and not plain.structured.searches
+    plan = policy.schedule()
+    deferred = []
+    first = tok.encode("{", add_special_tokens=False)[0]
+    updates = policy.update(plan, StepOutput([first] * 3), deferred)
+    assert [u.request.request_id for u in updates] == ["plain", "free"] and [d.request for d in deferred] == [checked]
+    assert checked.pending and [r.request_id for r, _ in policy.schedule().scheduled] == ["plain", "free"]
+    update = policy.settle_deferred(deferred[0], deferred[0].decide(time.perf_counter() + 1))
+    assert update is not None and checked.output_token_ids == [first] and not checked.pending
 
 
 @pytest.mark.parametrize("checks", [False, True], ids=["grammar only", "with checks"])
@@ -617,25 +649,24 @@ def test_a_grammar_dead_end_never_ends_as_a_complete_output(tok, compiler, check
     grammar = compiler.compile(StructuredOutputs(json=DEAD_END))
     assert grammar.checks is not None  # minProperties beside patternProperties is counted by a check
     eos = min(tok.eos_token_ids)
-    policy = SchedulerPolicy(
-        SchedulerConfig(block_size=BLOCK, eos_token_ids=frozenset(tok.eos_token_ids)),
-        KVBlockManager(_core.BlockAllocator(64), BLOCK),
-    )
-    request = Request(
-        "r", tok.encode("x"), SamplingParams(max_tokens=60, structured=StructuredOutputs(json=DEAD_END)), 60
-    )
-    request.matcher = grammar.new_matcher()
-    if not checks:
-        request.matcher.guard = None  # the same grammar, as a schema without checks compiles it
+    # No jump-forward, and room far from the closing's: only the kept tokens are appended.
+    controller = controller_of(grammar, tok, 1000, guard=checks, jump_forward=False)
+    matcher, output = controller.matcher, []
+
+    def step(token):
+        """One step that kept ``token``: (what the client gets, finish reason, error)."""
+        verdict = controller.step(output, [token], None, lambda t: None, deadline=time.perf_counter() + 1)
+        return verdict.new_token_ids, verdict.finish_reason, verdict.error
+
     *head, last = tok.encode('{"d":{"x":1},')
     for t in head:
-        assert policy._append(request, [t]) == ([t], None, None)
-    assert policy._append(request, [last]) == ([last], None, None)  # llguidance finds the dead end later:
-    assert request.matcher.bitmask() == (1 << eos).to_bytes(len(request.matcher.bitmask()), "little")  # EOS only
-    _, reason, error = policy._append(request, [eos])
+        assert step(t)[1:] == (None, None)
+    assert step(last)[1:] == (None, None)  # llguidance finds the dead end later:
+    assert matcher.bitmask() == (1 << eos).to_bytes(len(matcher.bitmask()), "little")  # EOS only
+    _, reason, error = step(eos)
     if checks:
-        assert (reason, error) == (None, None) and request.output_token_ids == head  # taken back to before ","
-        assert last in request.matcher.guard.bans[len(head)]
-        assert request.matcher.bitmask() != (1 << eos).to_bytes(len(request.matcher.bitmask()), "little")
+        assert (reason, error) == (None, None) and output == head  # taken back to before ","
+        assert last in matcher.guard.bans[len(head)]
+        assert matcher.bitmask() != (1 << eos).to_bytes(len(matcher.bitmask()), "little")
     else:
         assert reason == FinishReason.ERROR and "no continuation" in error

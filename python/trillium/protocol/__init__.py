@@ -14,7 +14,7 @@ from trillium.protocol.messages import (
     TokenizeResult,
 )
 from trillium.protocol.stats import GrammarStats, SchedulerStats
-from trillium.protocol.step import ScheduledRequest, StepInput, StepOutput
+from trillium.protocol.step import ScheduledRequest, StepInput, StepOutput, Verdict
 from trillium.protocol.structured import CompileGrammar, GrammarCompiled, StructuredOutputs
 
 __all__ = [
@@ -37,4 +37,5 @@ __all__ = [
     "TokenDelta",
     "TokenizeRequest",
     "TokenizeResult",
+    "Verdict",
 ]

@@ -1,4 +1,5 @@
-"""Scheduler <-> executor messages: one step's plan and its result."""
+"""Scheduler <-> executor messages: one step's plan and its result; and what a step came to for
+one request (``Verdict``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from trillium.protocol.messages import SamplingParams
+from trillium.protocol.messages import FinishReason, SamplingParams
 
 
 class ScheduledRequest(msgspec.Struct, gc=False, kw_only=True):
@@ -77,3 +78,27 @@ class StepOutput(msgspec.Struct, gc=False):
     num_accepted_drafts: list[int] | None = None
     draft_token_ids: list[list[int] | None] | None = None
     prompt_logprobs: list[list[tuple[float, list[tuple[int, float]]]] | None] | None = None
+
+
+class Verdict(msgspec.Struct, gc=False, kw_only=True):
+    """What one request's step came to, for the scheduler to apply: from a constrained request's
+    structured-output controller (``structured.controller``), or the scheduler's own for an
+    unconstrained one.
+
+    The output list the step's tokens were appended to is already as it stands; the verdict says
+    what follows from it. ``num_unchanged``: the fewest output tokens the output was cut back to
+    during the step (tokens taken back by a failed check, a closing, a witness), or its length
+    after the step's tokens if nothing was taken back -- K/V is kept only for the positions
+    before ``prompt + num_unchanged - 1``. ``new_token_ids`` / ``logprobs``: what the client gets
+    now (a checked output holds back what a check may still take back); ``finish_reason`` and
+    ``error`` end the request; ``closed_early`` / ``unsatisfied_check``: see ``TokenDelta``;
+    ``forget_drafts``: tokens the proposer indexed were taken back."""
+
+    new_token_ids: list[int]
+    num_unchanged: int
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    closed_early: bool = False
+    unsatisfied_check: str | None = None
+    forget_drafts: bool = False

@@ -4,9 +4,13 @@ Loop: take messages → schedule a step → run it on the step thread (the event
 for HTTP, ``/health`` included) → update requests and deliver :class:`TokenDelta`s → publish a
 :class:`SchedulerStats` snapshot. Messages that arrive while a step runs wait in the bounded
 inbox and are applied before the next schedule, so the policy is only ever touched by the
-actor's own task: on the event loop, or, for the update of a step with value-checked structured
-output (whose closing searches may take ``policy.CLOSE_SEARCH_SECONDS``), on a worker thread
-while that task waits for it, so that ``/health`` and every other stream go on meanwhile.
+actor's own task, on the event loop.
+
+Structured output with value checks: a request's verdict may take closing and witness searches
+of up to ``structured.controller.CLOSE_SEARCH_SECONDS`` per step. Such a request's step is
+deferred (``policy.Deferred``) to the search thread while the next step runs without it; its
+verdict is settled on the loop before a later step (the request sat one out). ``/health``, the
+other streams and the model never wait for a search.
 
 Failure: if a step raises (the model runner) or the actor's own code does, every request in
 flight -- running or waiting -- gets an error delta, the KV pool is rebuilt empty (a fresh
@@ -26,6 +30,8 @@ import logging
 import math
 import time
 import weakref
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -40,11 +46,14 @@ from trillium.protocol import (
     StepInput,
     StepOutput,
     TokenDelta,
+    Verdict,
 )
 from trillium.runtime import Actor, Snapshot, faults
 from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace, public_namespace
-from trillium.scheduler.policy import RequestUpdate, SchedulerConfig, SchedulerPolicy, StepPlan
+from trillium.scheduler.policy import SchedulerConfig, SchedulerPolicy
 from trillium.scheduler.request import Request
+from trillium.scheduler.step import Deferred, RequestUpdate, StepPlan
+from trillium.structured.controller import CLOSE_SEARCH_SECONDS
 
 if TYPE_CHECKING:
     from trillium._core import CacheEvent
@@ -174,6 +183,14 @@ class SchedulerActor(Actor):
             step_thread = StepThread()
             weakref.finalize(self, step_thread.close)
         self.step_thread = step_thread
+        # Deferred structured-output verdicts (closing and witness searches): one thread, one
+        # step's batch at a time, in order; (the batch, its verdicts, when it was submitted).
+        self._search_thread = ThreadPoolExecutor(1, thread_name_prefix="trillium-search")
+        weakref.finalize(self, self._search_thread.shutdown, wait=False)
+        self._searching: collections.deque[tuple[list[Deferred], Future[list[Verdict | Exception]], float]] = (
+            collections.deque()
+        )
+        self._decided = trio.Event()  # set when a batch of verdicts is ready (a fresh one after each wait)
         self.num_steps = 0
         self.step_seconds = 0.0  # time inside executor.execute, for /stats and benchmarks
         self.num_step_tokens = 0
@@ -205,15 +222,15 @@ class SchedulerActor(Actor):
             self._publish_stats()
 
     def liveness(self, now: float) -> str | None:
-        """A step running past its limit (the model hung, or is far slower than it was; or the
-        step's update on a worker thread hung)."""
-        started = self._step_started
-        if started is None:
-            return None
+        """A step running past its limit (the model hung, or is far slower than it was), or a
+        structured-output search that did (its requests would wait for ever)."""
         limit = self.step_limit()
-        if now - started <= limit:
-            return None
-        return f"model step running for {now - started:.0f} s (limit {limit:.0f} s)"
+        started = self._step_started
+        if started is not None and now - started > limit:
+            return f"model step running for {now - started:.0f} s (limit {limit:.0f} s)"
+        if self._searching and now - self._searching[0][2] > limit:
+            return f"structured-output search running for {now - self._searching[0][2]:.0f} s (limit {limit:.0f} s)"
+        return None
 
     def step_limit(self) -> float:
         """Seconds a step may take before the watchdog reports it."""
@@ -238,6 +255,7 @@ class SchedulerActor(Actor):
         for request in requests:
             self._deliver_error(request, message)
         self.policy = SchedulerPolicy(self.policy.config, self.policy.kv.rebuilt())
+        self._searching.clear()  # their requests were failed above; late verdicts are dropped
         if self.cache_events is not None:
             self.cache_events.cleared()
         self.executor.reset()
@@ -282,8 +300,16 @@ class SchedulerActor(Actor):
             reply=message.reply,
             arrival_time=message.arrival_time or None,
             cache_namespace=namespace,
-            matcher=(
-                None if message.grammar is None else message.grammar.new_matcher(close=sampling.close_structured_output)
+            structured=(
+                None
+                if message.grammar is None
+                else message.grammar.new_controller(
+                    limit=max_tokens,
+                    sampling=sampling,
+                    eos_token_ids=self.policy.config.eos_token_ids,
+                    jump_forward=self.policy.config.jump_forward,
+                    counters=self.policy.structured_counters,
+                )
             ),
             tenant=message.tenant,
             priority=message.priority,
@@ -312,6 +338,7 @@ class SchedulerActor(Actor):
         """One step: schedule → run → update (and deliver)."""
         await faults.ahit("scheduler.step")
         self._abort_disconnected()
+        self._settle_decided()
         plan = self.policy.schedule()
         self._publish_stats()  # admissions and preemptions show while the step runs
         if not plan.scheduled:
@@ -329,9 +356,13 @@ class SchedulerActor(Actor):
             self._publish_stats()  # the draft pool's blocks are back
 
     async def _wait_for_room(self) -> None:
-        """Nothing fits right now: wait briefly for a message (an abort may free blocks) rather
-        than spin."""
+        """Nothing fits right now: wait briefly for a message (an abort may free blocks), or for
+        the verdicts of requests that sit out steps, rather than spin."""
         with trio.move_on_after(0.05):
+            if self._searching:
+                await self._decided.wait()
+                self._decided = trio.Event()
+                return
             message = await self._inbox.receive()
             self.took_message()
             self._apply(message)
@@ -365,58 +396,64 @@ class SchedulerActor(Actor):
         return self.executor.execute(step_input)
 
     async def _update(self, plan: StepPlan, output: StepOutput) -> None:
-        """Apply the step's tokens to the requests and deliver each one's delta."""
-        if self.policy.may_search(plan):
-            # Closing searches and witnesses are Python and jsonschema work of up to the step's
-            # search time: on the event loop they held /health up to ~1 s under 16 such
-            # requests. On a worker thread the loop gets the GIL every switch interval. Nothing
-            # else touches the policy meanwhile: this task is its only user, and it waits here
-            # (deliveries are trio channel sends, so they stay on the loop).
-            # Shielded like the step itself (StepThread.run): a shutdown that cancels here would
-            # otherwise drop a step that ran, its tokens never delivered.
-            self._step_started = time.monotonic()
-            try:
-                with trio.CancelScope(shield=True):
-                    updates = await trio.to_thread.run_sync(self.policy.update, plan, output)
-            finally:
-                self._step_started = None
-        else:
-            updates = self.policy.update(plan, output)  # no search: not worth a thread hop per step
-        for update in updates:
+        """Apply the step's tokens to the requests and deliver each one's delta; the verdicts
+        that may search go to the search thread (:meth:`_settle_decided` applies them)."""
+        deferred: list[Deferred] = []
+        for update in self.policy.update(plan, output, deferred):
             self._deliver(update)
+        if deferred:
+            future = self._search_thread.submit(_decide, deferred)
+            self._searching.append((deferred, future, time.monotonic()))
+            token = trio.lowlevel.current_trio_token()
+            future.add_done_callback(lambda _: _call_soon(token, self._wake))
+
+    def _wake(self) -> None:
+        self._decided.set()
+
+    def _settle_decided(self) -> None:
+        """Apply the verdicts the search thread has reached, in the order of their steps."""
+        while self._searching and self._searching[0][1].done():
+            deferred, future, _ = self._searching.popleft()
+            for step, verdict in zip(deferred, future.result()):
+                if isinstance(verdict, Exception):  # a check or search that cannot run fails its request only
+                    error = f"structured output failed: {verdict!r}"
+                    verdict = Verdict(new_token_ids=[], num_unchanged=0, finish_reason=FinishReason.ERROR, error=error)
+                update = self.policy.settle_deferred(step, verdict)
+                if update is not None:
+                    self._deliver(update)
 
     def _begin_bitmask(self, plan: StepPlan) -> StepBitmask | None:
         """Start filling the masks of this step's constrained sampling rows (grammar thread)."""
         if self.bitmask_filler is None:
             return None
         constrained = [
-            (i, request.matcher, plan.drafts.get(request.request_id, []))
+            (i, request.structured, plan.drafts.get(request.request_id, []))
             for i, ((request, _), scheduled) in enumerate(zip(plan.scheduled, plan.step_input.requests))
-            if scheduled.sample and request.matcher is not None
+            if scheduled.sample and request.structured is not None
         ]
         step_bitmask = self.bitmask_filler.begin_step(constrained, len(plan.scheduled))
         plan.step_input.bitmask = step_bitmask
         return step_bitmask
 
     def _deliver(self, update: RequestUpdate) -> None:
-        request = update.request
+        request, verdict = update.request, update.verdict
         assert request.first_scheduled_time is not None  # it was in the step that produced the update
         request.reply.put(
             TokenDelta(
                 request.request_id,
-                update.new_token_ids,
-                update.finish_reason,
+                verdict.new_token_ids,
+                verdict.finish_reason,
                 request.num_prompt_tokens,
-                update.error,
+                verdict.error,
                 num_cached_tokens=request.num_cached_tokens or 0,
-                logprobs=update.logprobs,
+                logprobs=verdict.logprobs,
                 queue_time=request.first_scheduled_time - request.arrival_time,
                 prompt_logprobs=update.prompt_logprobs,
-                closed_early=update.closed_early,
-                unsatisfied_check=update.unsatisfied_check,
+                closed_early=verdict.closed_early,
+                unsatisfied_check=verdict.unsatisfied_check,
             )
         )
-        if update.finish_reason is not None:
+        if verdict.finish_reason is not None:
             request.reply.close()
 
     def _deliver_error(self, request: Request, error: str) -> None:
@@ -461,6 +498,7 @@ class SchedulerActor(Actor):
         kv = self.policy.kv
         filler = self.bitmask_filler
         spec = self.policy.spec_stats
+        counters = self.policy.structured_counters
         # A draft model's pool (speculative.draft), read between steps: a count, not a structure.
         drafter = getattr(self.executor, "drafter", None)
         self.stats.publish(
@@ -476,11 +514,11 @@ class SchedulerActor(Actor):
                 num_steps=self.num_steps,
                 num_step_tokens=self.num_step_tokens,
                 step_seconds=round(self.step_seconds, 3),
-                num_forced_tokens=self.policy.num_forced_tokens,
-                num_closed_outputs=self.policy.num_closed_outputs,
-                num_witness_closings=self.policy.num_witness_closings,
-                num_witness_values=self.policy.num_witness_values,
-                num_rejected_tokens=self.policy.num_rejected_tokens,
+                num_forced_tokens=counters.forced_tokens,
+                num_closed_outputs=counters.closed_outputs,
+                num_witness_closings=counters.witness_closings,
+                num_witness_values=counters.witness_values,
+                num_rejected_tokens=counters.rejected_tokens,
                 grammar_steps=filler.num_steps if filler is not None else 0,
                 grammar_masks=filler.num_rows if filler is not None else 0,
                 grammar_fill_seconds=round(filler.fill_seconds, 4) if filler is not None else 0.0,
@@ -497,3 +535,24 @@ class SchedulerActor(Actor):
                 kv_events_dropped=self.cache_events.num_dropped if self.cache_events is not None else 0,
             )
         )
+
+
+def _decide(deferred: list[Deferred]) -> list[Verdict | Exception]:
+    """On the search thread: one step's deferred verdicts, their searches sharing the step's
+    time (``CLOSE_SEARCH_SECONDS``) from now."""
+    deadline = time.perf_counter() + CLOSE_SEARCH_SECONDS
+    verdicts: list[Verdict | Exception] = []
+    for step in deferred:
+        try:
+            verdicts.append(step.decide(deadline))
+        except Exception as exc:
+            verdicts.append(exc)
+    return verdicts
+
+
+def _call_soon(token: trio.lowlevel.TrioToken, fn: Callable[[], None]) -> None:
+    """Run ``fn`` on the event loop of ``token``; nothing if that loop has ended."""
+    try:
+        token.run_sync_soon(fn)
+    except trio.RunFinishedError:
+        pass

@@ -182,13 +182,16 @@ class KVBlockManager:
             self.allocator.free(request.block_ids[keep:])
             del request.block_ids[keep:]
 
-    def truncate(self, request: Request) -> None:
-        """The request's tokens were cut back (output rolled back): K/V counts as computed only
-        below ``num_tokens - 1``, and blocks past what ``num_tokens`` needs are freed. A block the
+    def truncate(self, request: Request, num_tokens: int | None = None) -> None:
+        """The request's tokens were cut back (output rolled back) to ``num_tokens`` (default: as
+        many as it has now; it may have grown again since): K/V counts as computed only below
+        ``num_tokens - 1``, and blocks past what ``request.num_tokens`` needs are freed. A block the
         prefix cache shares is never written again: if the next K/V would go into one, the
         request gives back its references from there and computes those positions again in
-        fresh blocks (the cached ones still hold the K/V of the tokens they were cached for)."""
-        request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens - 1)
+        fresh blocks (the cached ones still hold the K/V of the tokens they were cached for). A
+        no-op when nothing past the computed tokens was cut."""
+        cut = request.num_tokens if num_tokens is None else min(num_tokens, request.num_tokens)
+        request.num_computed_tokens = min(request.num_computed_tokens, cut - 1)
         first = request.num_computed_tokens // self.block_size  # the block the next K/V goes into
         if first < request.num_inserted_blocks:
             self.allocator.free(request.block_ids[first:])

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trillium.protocol import FinishReason, SamplingParams
+
+if TYPE_CHECKING:
+    from trillium.structured.controller import OutputController
 
 
 class RequestStatus(enum.IntEnum):
@@ -47,9 +50,10 @@ class Request:
         "rest_namespace",
         "num_inserted_blocks",
         "num_cached_tokens",
-        "matcher",
+        "structured",
         "tenant",
         "priority",
+        "pending",
         "pending_prompt_logprobs",
     )
 
@@ -62,7 +66,7 @@ class Request:
         reply: Any = None,
         arrival_time: float | None = None,
         cache_namespace: int = 0,
-        matcher: Any = None,
+        structured: OutputController | None = None,
         tenant: str = "",
         priority: int = 0,
     ) -> None:
@@ -89,9 +93,12 @@ class Request:
         self.rest_handle: int | None = None
         self.num_inserted_blocks = 0  # leading blocks already offered to the prefix cache
         self.num_cached_tokens: int | None = None  # prompt tokens reused at first admission
-        self.matcher = matcher  # structured.GrammarMatcher of a constrained request, advanced per kept token
+        self.structured = structured  # a constrained request's structured output: its verdicts decide each step
         self.tenant = tenant  # whose share of the waiting queue and running slots it uses (fair_queue.py)
         self.priority = priority  # inside its tenant: lower goes first (vLLM's ``priority``)
+        # Its last step's verdict is being decided off the event loop (policy.Deferred): it sits
+        # out steps, is never preempted, and only its controller touches its output meanwhile.
+        self.pending = False
         # While prompt logprobs are owed (asked for, prefill not finished): those of prompt
         # positions 1 .. computed so far, delivered with the first token; None otherwise.
         self.pending_prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = (

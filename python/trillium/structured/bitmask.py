@@ -25,7 +25,7 @@ import torch
 
 from trillium.ops.attention import host_to_device
 from trillium.ops.token_bitmask import apply_token_bitmask, bitmask_words
-from trillium.structured.matcher import GrammarMatcher
+from trillium.structured.controller import OutputController
 
 
 class StepBitmask:
@@ -76,9 +76,9 @@ class BitmaskFiller:
         self.wait_seconds = 0.0  # time the runner waited for them (not overlapped)
 
     def begin_step(
-        self, constrained: list[tuple[int, GrammarMatcher, list[int]]], num_requests: int
+        self, constrained: list[tuple[int, OutputController, list[int]]], num_requests: int
     ) -> StepBitmask | None:
-        """Start filling masks for ``constrained`` = [(index among the step's requests, matcher,
+        """Start filling masks for ``constrained`` = [(index among the step's requests, its controller,
         its draft tokens)]: one row for a request without drafts, n + 1 consecutive rows for n
         drafts (llguidance consumes the drafts for the later rows and rolls them back, so the
         matcher is as it was when the fill ends). Returns None when there is nothing to fill.
@@ -93,7 +93,8 @@ class BitmaskFiller:
         jobs = []
         bans: list[tuple[int, int]] = []  # (row, token id) the value checks banned (structured.guard)
         num_rows = 0
-        for index, matcher, drafts in constrained:
+        for index, controller, drafts in constrained:
+            matcher = controller.matcher
             rows[index] = num_rows
             # Drafts are filled on a copy (~10 us): consuming a draft can put llguidance's matcher
             # in a sticky error (a parser limit), and a draft the step then rejects must not end

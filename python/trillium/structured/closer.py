@@ -20,7 +20,7 @@ the two token sequences the grammar accepts is the closing.
 
 Cost: one ``validate_tokens`` per candidate character, ~5 µs each; a 40-character closing takes
 ~0.2 ms. The scheduler calls it only when a request's remaining allowance comes near its last
-closing length (``scheduler.policy``), not every step.
+closing length (``structured.controller``), not every step.
 """
 
 from __future__ import annotations

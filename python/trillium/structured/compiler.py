@@ -22,6 +22,7 @@ from trillium.protocol import SamplingParamError, SamplingParams, StructuredOutp
 from trillium.protocol.structured import JSON_OPTIONS
 from trillium.structured.call_checks import CallChecks, prepare_call_grammar
 from trillium.structured.closer import Closer
+from trillium.structured.controller import OutputController, StructuredCounters
 from trillium.structured.formats import ignored_formats_warning
 from trillium.structured.guard import CompletionIndex, OutputGuard
 from trillium.structured.matcher import GrammarMatcher
@@ -156,6 +157,27 @@ class CompiledGrammar:
             new_checker = checks.new_checker if isinstance(checks, CallChecks) else lambda: ValueChecker(checks)
             guard = OutputGuard(new_checker, self._token_bytes, self._completion_index)
         return GrammarMatcher(self._template.deep_copy(), self.closer if close else None, guard, self._template)
+
+    def new_controller(
+        self,
+        *,
+        limit: int,
+        sampling: SamplingParams,
+        eos_token_ids: frozenset[int],
+        jump_forward: bool,
+        counters: StructuredCounters,
+    ) -> OutputController:
+        """The structured output of one new request (``structured.controller``): a fresh matcher,
+        closing the output early unless the request opted out. ``limit``: its output tokens in
+        all (``max_tokens`` clamped to the context)."""
+        return OutputController(
+            self.new_matcher(close=sampling.close_structured_output),
+            limit=limit,
+            sampling=sampling,
+            eos_token_ids=eos_token_ids,
+            jump_forward=jump_forward,
+            counters=counters,
+        )
 
 
 class GrammarCompiler:

@@ -9,8 +9,8 @@ model must continue differently (a duplicate item ``"a"`` becomes ``"ab"``, an o
 not end yet gets another property). When every token the grammar allows at a position is banned,
 the token before it is rolled back and banned too (depth-first search, bounded by
 :data:`MAX_VALUE_RETRIES` failures per value, and by what one request may take back in all:
-``scheduler.policy.TAKE_BACK_PER_TOKEN``). The scheduler does the rolling back
-(``SchedulerPolicy._reject``); this class keeps the per-request state:
+``structured.controller.TAKE_BACK_PER_TOKEN``). The request's controller does the rolling back
+(``OutputController._reject``); this class keeps the per-request state:
 
 - the byte end of every output token (to map the checker's byte offsets to tokens),
 - the bans (output position -> tokens the mask removes there; a ban at a position clears those
