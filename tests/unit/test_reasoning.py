@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from trillium.config import REASONING_PARSERS, EngineConfig
-from trillium.protocol import FinishReason, TokenizeRequest
+from trillium.protocol import FinishReason, SamplingParams, StructuredOutputs, ThinkSection, TokenizeRequest
 from trillium.server.choice_split import OutputParsing, ReasoningDelta
 from trillium.server.errors import APIError
 from trillium.server.openai_shapes import ResponseShape, reasoning_usage
@@ -350,3 +350,41 @@ def test_responses_reasoning_item_and_events_as_the_openai_sdk_reads_them(finish
         {"input": [reasoning.model_dump(exclude_none=True), {"role": "user", "content": "more"}]}, ResponsesRequest
     )
     assert [m.role for m in input_messages(again)] == ["user"]
+
+
+class TagTokenizer:
+    """A vocabulary where each think tag is one special token (as in Qwen3's and DeepSeek-R1's)."""
+
+    def encode(self, text):
+        return {"<think>": [7], "</think>": [8]}.get(text, [100, 101])
+
+    def decode(self, ids):
+        return ""  # special tokens: skipped
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+def test_structured_output_from_a_thinking_model_applies_after_its_think_section(parser):
+    """Under ``--reasoning-parser`` with one-token tags, a JSON constraint applies to the answer
+    after the think section (the scheduler's controller starts the grammar there), so the output
+    is split into reasoning and content as an unconstrained one is; ``enable_thinking: false``
+    keeps the grammar from the first token, as does a vocabulary whose tags are several tokens."""
+    from types import SimpleNamespace
+
+    from trillium.server.routes import Routes
+
+    def routes(tokenizer):
+        client = SimpleNamespace(reasoning_parser=parser, tokenizer=tokenizer)
+        return Routes(client, None, None, None)
+
+    sampling = SamplingParams(structured=StructuredOutputs(json={"type": "object"}))
+    think = routes(TagTokenizer())._think_first(sampling, None).structured_after_think
+    assert think == ThinkSection(open_id=7, close_id=8, opened=parser == "deepseek_r1")
+    parsing = routes(TagTokenizer()).output_parsing(
+        None, msgspec.structs.replace(sampling, structured_after_think=think)
+    )
+    assert parsing.reasoning.starts_inside == (parser == "deepseek_r1") and parsing.end_token_id == 8
+    off = routes(TagTokenizer())._think_first(sampling, {"enable_thinking": False})
+    assert off.structured_after_think is None
+    assert not routes(TagTokenizer()).output_parsing(None, off).reasoning.starts_inside
+    several = SimpleNamespace(encode=lambda text: [1, 2, 3], decode=lambda ids: "x")
+    assert routes(several)._think_first(sampling, None).structured_after_think is None

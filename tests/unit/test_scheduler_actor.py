@@ -345,7 +345,7 @@ class GatedController:
         reason = None
         for t in token_ids:
             output.append(t)
-            reason = stop(t)
+            reason = stop(t, len(output))
             if reason is not None:
                 break
         return Verdict(new_token_ids=list(token_ids), num_unchanged=len(output), finish_reason=reason)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 
+import msgspec
 import pytest
 import torch
 import trio
@@ -23,6 +24,7 @@ from trillium.protocol import (
     StepInput,
     StepOutput,
     StructuredOutputs,
+    ThinkSection,
 )
 from trillium.runtime import Mailbox, open_inbox
 from trillium.scheduler import Request, SchedulerConfig, SchedulerPolicy
@@ -655,7 +657,7 @@ def test_a_grammar_dead_end_never_ends_as_a_complete_output(tok, compiler, check
 
     def step(token):
         """One step that kept ``token``: (what the client gets, finish reason, error)."""
-        verdict = controller.step(output, [token], None, lambda t: None, deadline=time.perf_counter() + 1)
+        verdict = controller.step(output, [token], None, lambda t, n: None, deadline=time.perf_counter() + 1)
         return verdict.new_token_ids, verdict.finish_reason, verdict.error
 
     *head, last = tok.encode('{"d":{"x":1},')
@@ -670,3 +672,61 @@ def test_a_grammar_dead_end_never_ends_as_a_complete_output(tok, compiler, check
         assert matcher.bitmask() != (1 << eos).to_bytes(len(matcher.bitmask()), "little")
     else:
         assert reason == FinishReason.ERROR and "no continuation" in error
+
+
+# ---- the answer after a think section -----------------------------------------------------------
+
+
+def think_tags(tok):
+    """Two single-token words standing in for a thinking model's <think> and </think> (the test
+    model has no such tokens): ids the answer's grammar never allows."""
+    return ThinkSection(open_id=tok.encode(" apple")[-1], close_id=tok.encode(" banana")[-1])
+
+
+@pytest.mark.parametrize("case", ["opened", "opened by the model", "answered at once"])
+async def test_the_grammar_applies_after_the_think_section(tok, compiler, case):
+    """A thinking model's structured output: the think section is free (its rows unmasked), the
+    grammar applies from after its closing tag. EOS inside the thinking closes it (the closing
+    tag in EOS's place) -- the answer still comes. Where the prompt did not open the section,
+    the model's first token may open it (the mask allows the opening tag beside the grammar's
+    first tokens) or start the answer at once."""
+    jsonschema = pytest.importorskip("jsonschema")
+    tags = think_tags(tok)
+    think = msgspec.structs.replace(tags, opened=case == "opened")
+    grammar = compiler.compile(StructuredOutputs(json=PERSON))
+    sampling = SamplingParams(max_tokens=120, structured=StructuredOutputs(json=PERSON), structured_after_think=think)
+    # The model's preference: the opening tag, or the answer's first token over it.
+    favour = (tags.open_id,) if case == "opened by the model" else tuple(tok.encode('{"', add_special_tokens=False)[:1])
+    results, actor, executor = await run_requests(tok, [("r", sampling, grammar)], favour=favour)
+    ids, reason = results["r"]
+    head = {"opened": [tags.close_id], "opened by the model": [tags.open_id, tags.close_id], "answered at once": []}
+    assert ids[: len(head[case])] == head[case] and reason == FinishReason.STOP
+    jsonschema.validate(json.loads(tok.decode(ids[len(head[case]) :])), PERSON)
+    rows = [step["r"] for step in executor.mask_rows if "r" in step]
+    if case == "opened":
+        assert "r" not in executor.mask_rows[0]  # the thinking step: no mask at all
+    else:
+        assert rows[0] >= 0  # the first token: masked (the grammar's first tokens, and the opening tag)
+    assert actor.stats.latest.num_forced_tokens >= (case != "answered at once")  # the closing tag, forced
+
+
+async def test_thinking_stops_where_the_answer_still_fits(tok, compiler):
+    """A model that would think for ever: once the allowance left is what the answer needs (its
+    shortest complete form and a margin), the closing tag is forced and the answer, closed
+    before max_tokens, still validates."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from trillium.structured import controller
+
+    think = msgspec.structs.replace(think_tags(tok), opened=True)
+    grammar = compiler.compile(StructuredOutputs(json=PERSON))
+    max_tokens = grammar.min_output_tokens + controller.CLOSE_MARGIN + 40
+    sampling = SamplingParams(
+        max_tokens=max_tokens, structured=StructuredOutputs(json=PERSON), structured_after_think=think
+    )
+    thinker = tok.encode(" hmm")[-1]
+    results, _, _ = await run_requests(tok, [("r", sampling, grammar)], prefer_eos=False, favour=(thinker,))
+    ids, reason = results["r"]
+    close = ids.index(think.close_id)
+    assert set(ids[:close]) == {thinker} and close >= 30  # it thought until the answer's reserve
+    jsonschema.validate(json.loads(tok.decode(ids[close + 1 :])), PERSON)
+    assert len(ids) <= max_tokens and reason in (FinishReason.STOP, FinishReason.LENGTH)

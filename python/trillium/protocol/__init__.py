@@ -15,7 +15,7 @@ from trillium.protocol.messages import (
 )
 from trillium.protocol.stats import GrammarStats, SchedulerStats
 from trillium.protocol.step import ScheduledRequest, StepInput, StepOutput, Verdict
-from trillium.protocol.structured import CompileGrammar, GrammarCompiled, StructuredOutputs
+from trillium.protocol.structured import CompileGrammar, GrammarCompiled, StructuredOutputs, ThinkSection
 
 __all__ = [
     "AbortRequest",
@@ -34,6 +34,7 @@ __all__ = [
     "StepInput",
     "StepOutput",
     "StructuredOutputs",
+    "ThinkSection",
     "TokenDelta",
     "TokenizeRequest",
     "TokenizeResult",

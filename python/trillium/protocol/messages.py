@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from trillium.protocol.structured import StructuredOutputs
+from trillium.protocol.structured import StructuredOutputs, ThinkSection
 
 
 class FinishReason(enum.IntEnum):
@@ -77,6 +77,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     # left reaches the tokens closing needs, so a LENGTH-cut output still parses (see
     # docs/decisions/structured-output.md). False: cut wherever max_tokens falls.
     close_structured_output: bool = True
+    # With a constraint: it applies only after the model's think section (a reasoning model's
+    # answer after its thinking; ``structured.controller``). None: from the first token.
+    structured_after_think: ThinkSection | None = None
 
     @property
     def needs_history(self) -> bool:

@@ -39,6 +39,17 @@ class StructuredOutputs(msgspec.Struct, omit_defaults=True, kw_only=True, forbid
     json_object: bool | None = None
 
 
+class ThinkSection(msgspec.Struct, frozen=True, kw_only=True):
+    """A thinking model's think section, by the token ids of its tags (``--reasoning-parser``
+    with single-token tags): an output constraint then applies only after it, so the model
+    reasons first. ``opened``: the prompt opened it (the output starts inside the thinking);
+    otherwise the model may open it with its first token or answer at once."""
+
+    open_id: int
+    close_id: int
+    opened: bool = False
+
+
 class CompileGrammar(msgspec.Struct, gc=False, kw_only=True):
     """Frontend -> grammar actor: compile (or find in the cache) one constraint.
 

@@ -353,7 +353,7 @@ class SchedulerPolicy:
         reason: FinishReason | None = None
         for n, t in enumerate(token_ids, 1):
             output.append(t)
-            reason = self._check_stop(request, t)
+            reason = self._check_stop(request, t, len(output))
             if reason is not None:
                 token_ids = token_ids[:n]
                 break
@@ -361,24 +361,25 @@ class SchedulerPolicy:
             logprobs = logprobs[: len(token_ids)]  # none for tokens after a stop
         return Verdict(new_token_ids=token_ids, num_unchanged=len(output), finish_reason=reason, logprobs=logprobs)
 
-    def _room(self, request: Request) -> int:
-        """Output tokens the request may still produce (``max_tokens``, the context)."""
-        return min(request.max_tokens - len(request.output_token_ids), self.config.max_model_len - request.num_tokens)
+    def _room(self, request: Request, num_output: int | None = None) -> int:
+        """Output tokens the request may still produce (``max_tokens``, the context) after
+        ``num_output`` output tokens (default: as many as it has)."""
+        if num_output is None:
+            num_output = len(request.output_token_ids)
+        limit = min(request.max_tokens, self.config.max_model_len - request.num_prompt_tokens)
+        return limit - num_output
 
-    def _check_stop(self, request: Request, token_id: int) -> FinishReason | None:
+    def _check_stop(self, request: Request, token_id: int, num_output: int) -> FinishReason | None:
+        """Whether ``token_id``, the output's ``num_output``-th token, ends the request."""
         sampling = request.sampling
-        if len(request.output_token_ids) > sampling.min_tokens:
+        if num_output > sampling.min_tokens:
             if not sampling.ignore_eos and token_id in self.config.eos_token_ids:
                 return FinishReason.STOP
             if token_id in sampling.stop_token_ids:
                 return FinishReason.STOP
-        if self._length_reached(request):
+        if self._room(request, num_output) <= 0:
             return FinishReason.LENGTH
         return None
-
-    def _length_reached(self, request: Request) -> bool:
-        """``max_tokens`` output tokens, or the context is full."""
-        return self._room(request) <= 0
 
     def _propose(self, request: Request, num_new: int, limit: int) -> list[int]:
         """Up to ``limit`` draft tokens for a decoding request, as many as ``max_tokens`` and the

@@ -47,7 +47,7 @@ class Deferred:
     request: Request
     kept: list[int]
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None
-    stop: Callable[[int], FinishReason | None]
+    stop: Callable[[int, int], FinishReason | None]  # (token id, output length with it) -> finish
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None
 
     def decide(self, deadline: float) -> Verdict:

@@ -25,7 +25,7 @@ from trillium.engine_client import (
     StreamOutput,
     TokenizeError,
 )
-from trillium.protocol import FinishReason, SamplingParamError, SamplingParams, StructuredOutputs
+from trillium.protocol import FinishReason, SamplingParamError, SamplingParams, StructuredOutputs, ThinkSection
 from trillium.protocol.messages import SEED_MAX
 from trillium.runtime import Health, Snapshot
 from trillium.server import sse
@@ -116,6 +116,27 @@ class Routes:
         end_ids = tokenizer.encode(fmt.close_tag)
         special = any(len(ids) == 1 and not tokenizer.decode(ids) for ids in (end_ids, tokenizer.encode(fmt.open_tag)))
         return fmt, end_ids[0] if len(end_ids) == 1 else None, special
+
+    @functools.cached_property
+    def _think_tokens(self) -> tuple[int, int] | None:
+        """The ids of the served model's think-section tags when each is one token (the grammar of
+        structured output then starts after the closing one), else None; None without a parser."""
+        if self._reasoning is None:
+            return None
+        fmt, close_id, _ = self._reasoning
+        open_ids = self.client.tokenizer.encode(fmt.open_tag)
+        return (open_ids[0], close_id) if len(open_ids) == 1 and close_id is not None else None
+
+    def _think_first(self, sampling: SamplingParams, template_kwargs: dict[str, Any] | None) -> SamplingParams:
+        """Structured output from a thinking model (``--reasoning-parser``): the constraint applies
+        to the answer after its think section (``SamplingParams.structured_after_think``), unless
+        thinking is switched off (``enable_thinking: false``) or the tags are not single tokens."""
+        tags = self._think_tokens
+        if tags is None or (template_kwargs or {}).get("enable_thinking") is False:
+            return sampling
+        assert self._reasoning is not None
+        think = ThinkSection(open_id=tags[0], close_id=tags[1], opened=self._reasoning[0].starts_inside)
+        return msgspec.structs.replace(sampling, structured_after_think=think)
 
     def output_parsing(self, calling: ToolCalling | None, sampling: SamplingParams) -> OutputParsing | None:
         """How a prepared chat request's outputs are split (``choice_split.py``): its reasoning, under
@@ -247,6 +268,8 @@ class Routes:
         self._check_structured(body, sampling)
         if calling.active:
             sampling = self._tool_sampling(calling, sampling)
+        elif sampling.structured is not None:
+            sampling = self._think_first(sampling, chat_template_kwargs(body))
         if self._reasoning is not None and self._reasoning[2]:
             sampling = msgspec.structs.replace(sampling, skip_special_tokens=False)  # keep the tags in the text
         prompt_ids = await self._chat_prompt_ids(messages, template_tools, chat_template_kwargs(body))
@@ -812,9 +835,13 @@ def _splitters(shape: ResponseShape, n: int) -> list[ChoiceSplitter | None]:
 
 
 def _starts_free(calling: ToolCalling | None, sampling: SamplingParams) -> bool:
-    """Whether the model writes its output's start freely: nothing constrains it, or only a
-    tool-call grammar that lets it reason first."""
-    return sampling.structured is None or (calling is not None and calling.lets_reasoning_first)
+    """Whether the model writes its output's start freely: nothing constrains it, its constraint
+    applies after its think section, or it has only a tool-call grammar that lets it reason first."""
+    return (
+        sampling.structured is None
+        or sampling.structured_after_think is not None
+        or (calling is not None and calling.lets_reasoning_first)
+    )
 
 
 def _tool_call_deltas(ready: ToolCallReady) -> list[JSONObject]:

@@ -91,9 +91,13 @@ class BitmaskFiller:
             return None
         rows = [-1] * num_requests
         jobs = []
-        bans: list[tuple[int, int]] = []  # (row, token id) the value checks banned (structured.guard)
+        # (row, token id, allowed) over the grammar's masks: the value checks' bans
+        # (structured.guard), a think section's opening tag (OutputController.row_edits).
+        edits: list[tuple[int, int, bool]] = []
         num_rows = 0
         for index, controller, drafts in constrained:
+            if not controller.masks:
+                continue  # inside its think section: unconstrained (row -1)
             matcher = controller.matcher
             rows[index] = num_rows
             # Drafts are filled on a copy (~10 us): consuming a draft can put llguidance's matcher
@@ -101,14 +105,15 @@ class BitmaskFiller:
             # the request. The original stays as it was, untouched until the step is done.
             ll = matcher.ll_matcher
             jobs.append((ll.deep_copy() if drafts else ll, num_rows, drafts, ll))
-            if matcher.guard is not None and matcher.guard.bans:
-                bans += [(num_rows + j, t) for j, t in matcher.guard.bans_from(matcher.num_tokens, 1 + len(drafts))]
+            edits += [(num_rows + j, t, allowed) for j, t, allowed in controller.row_edits(1 + len(drafts))]
             num_rows += 1 + len(drafts)
+        if not num_rows:
+            return None
         if num_rows > self.buffer.shape[0]:
             # Speculation's extra rows: bounded by max_running * (k + 1), grown on first need.
             self.buffer = torch.full((num_rows, self.buffer.shape[1]), -1, dtype=torch.int32)
         tensor = self.buffer[:num_rows]
-        future = self._thread.submit(self._fill, jobs, tensor, bans)
+        future = self._thread.submit(self._fill, jobs, tensor, edits)
         self._last = future
         self.num_steps += 1
         self.num_rows += num_rows
@@ -124,7 +129,7 @@ class BitmaskFiller:
             self._last = None
         self.wait_seconds += step.wait_seconds
 
-    def _fill(self, jobs: list[_Job], tensor: torch.Tensor, bans: list[tuple[int, int]]) -> None:
+    def _fill(self, jobs: list[_Job], tensor: torch.Tensor, edits: list[tuple[int, int, bool]]) -> None:
         start = time.perf_counter()
         row_bytes, num_rows = tensor.shape[1] * 4, tensor.shape[0]
         # llguidance's draft-token fill refuses a job without drafts: those go to the plain fill
@@ -138,8 +143,9 @@ class BitmaskFiller:
                     _repair_rows(tensor, row, drafts, original)
         if plain:
             self._executor.unsafe_compute_mask_ptr(plain, tensor.data_ptr(), row_bytes, num_rows)
-        for row, token in bans:  # clear the bit: int32 words, so bit 31 is the sign
-            word = int(tensor[row, token // 32]) & 0xFFFFFFFF & ~(1 << (token % 32))
+        for row, token, allowed in edits:  # int32 words, so bit 31 is the sign
+            word = int(tensor[row, token // 32]) & 0xFFFFFFFF
+            word = word | (1 << (token % 32)) if allowed else word & ~(1 << (token % 32))
             tensor[row, token // 32] = word - (1 << 32) if word >= 1 << 31 else word
         self.fill_seconds += time.perf_counter() - start
 

@@ -26,6 +26,11 @@ Glossary (``docs/decisions/structured-output.md`` has the reasons):
   (``structured.witness``), when the model or a closing cannot satisfy its checks.
 - **search**: closings and witnesses under value checks are searched within a per-step time
   (``CLOSE_SEARCH_SECONDS``, shared by the step's requests) and check budget.
+- **think section**: a reasoning model's thinking (``SamplingParams.structured_after_think``):
+  unconstrained, up to its closing tag; the grammar applies to what follows (the *answer*),
+  whose tokens are the only ones the matcher, checks and closings see. The model may open it
+  with its first token (the mask then allows the opening tag too); EOS inside it, or an
+  allowance down to what the answer needs, closes it (a forced closing tag).
 """
 
 from __future__ import annotations
@@ -64,7 +69,8 @@ WITNESS_CHECK_BUDGET = 3000
 MAX_DEFERRED_CLOSINGS = 16  # steps a request's closing may wait for search time (``_close_if_due``)
 
 Logprobs = list[tuple[float, list[tuple[int, float]]]]
-Stop = Callable[[int], FinishReason | None]  # the scheduler's stop check of a token just appended
+# The scheduler's stop check of a token just appended: (token id, the output's length with it).
+Stop = Callable[[int, int], FinishReason | None]
 
 
 class StructuredCounters:
@@ -104,11 +110,35 @@ class OutputController:
         self._eos = eos_token_ids
         # A forced token has no sampled distribution to report (and would bypass value checks: _jump).
         self._jump_forward = jump_forward and sampling.logprobs is None
+        self._think = sampling.structured_after_think
+        # Output tokens before the answer (the think section, its tags included); None while the
+        # answer has not started (the model thinks, or may still open its think section).
+        self._offset: int | None = 0 if self._think is None else None
+        self._thinking = self._think is not None and self._think.opened  # inside the think section
+        self._reserve = -1  # tokens kept for the answer, once known (_answer_reserve)
         self._deadline = 0.0  # when this step's searches must stop (step)
         self._unchanged = 0  # the fewest output tokens this step cut back to (Verdict.num_unchanged)
         self._forget = False  # tokens the proposer indexed were taken back this step
 
     # ---- the interface ---------------------------------------------------------------------
+
+    @property
+    def masks(self) -> bool:
+        """This step's rows are masked: the answer's grammar applies (or its first token may
+        still come instead of a think section); False inside the think section."""
+        return self._offset is not None or not self._thinking
+
+    def row_edits(self, num_rows: int) -> list[tuple[int, int, bool]]:
+        """(row offset, token id, allowed) to apply over the grammar's masks of this step's
+        ``num_rows`` rows: the bans of failed checks, and the think section's opening tag where
+        the model may still open one."""
+        if self._offset is None:
+            assert self._think is not None
+            return [(0, self._think.open_id, True)] if self._limit > self._answer_reserve() else []
+        guard = self.matcher.guard
+        if guard is None or not guard.bans:
+            return []
+        return [(j, t, False) for j, t in guard.bans_from(self.matcher.num_tokens, num_rows)]
 
     @property
     def searches(self) -> bool:
@@ -120,8 +150,15 @@ class OutputController:
         """The longest run of ``propose()``'s drafts (after ``num_output`` output tokens) the
         grammar allows; none, without asking, while a failed check's bans lie ahead (the drafts'
         masks would miss them). Consumes nothing."""
+        if self._offset is None:  # thinking: drafts up to (not with) its end; none before it
+            assert self._think is not None
+            if not self._thinking:
+                return []
+            drafts = propose()
+            end = next((j for j, t in enumerate(drafts) if t == self._think.close_id or t in self._eos), len(drafts))
+            return drafts[:end]
         guard = self.matcher.guard
-        if guard is not None and guard.has_bans_from(num_output):
+        if guard is not None and guard.has_bans_from(num_output - self._offset):
             return []
         drafts = propose()
         return drafts[: self.matcher.validate(drafts)] if drafts else drafts
@@ -135,6 +172,77 @@ class OutputController:
         and the release of what no check can take back any more. ``logprobs``: one entry per
         token of ``token_ids`` when asked; ``deadline``: when the step's searches must stop."""
         self._deadline, self._forget = deadline, False
+        head: list[int] = []  # this step's tokens of the think section: delivered as they come
+        head_logprobs = None
+        if self._offset is None:
+            start = len(output)
+            consumed, sampled, reason = self._think_step(output, token_ids, stop)
+            head = output[start:]
+            if logprobs is not None:
+                head_logprobs, logprobs = logprobs[:sampled], logprobs[consumed:]
+            token_ids = token_ids[consumed:]
+            if reason is not None or self._offset is None:
+                return Verdict(
+                    new_token_ids=head, num_unchanged=len(output), finish_reason=reason, logprobs=head_logprobs
+                )
+        offset = self._offset
+        if offset == 0:
+            return self._answer_step(output, token_ids, logprobs, stop)
+        answer = output[offset:]
+        verdict = self._answer_step(answer, token_ids, logprobs, lambda t, n: stop(t, offset + n))
+        output[offset:] = answer
+        verdict.num_unchanged += offset
+        verdict.new_token_ids = head + verdict.new_token_ids
+        if head_logprobs is not None:
+            verdict.logprobs = head_logprobs + (verdict.logprobs or [])
+        return verdict
+
+    # ---- the think section -------------------------------------------------------------------
+
+    def _think_step(self, output: list[int], token_ids: list[int], stop: Stop) -> tuple[int, int, FinishReason | None]:
+        """Append the step's tokens of the think section (or its opening). Returns how many of
+        ``token_ids`` it took, how many of those were appended as sampled, and the finish
+        reason. The answer starts (``_offset`` set) with the first token that is not the
+        opening tag, or after the closing tag -- forced in EOS's place (the EOS has no K/V yet),
+        or once the allowance is down to what the answer needs."""
+        think = self._think
+        assert think is not None
+        for i, t in enumerate(token_ids):
+            if not self._thinking:
+                if t != think.open_id:  # the answer, at once
+                    self._offset = len(output)
+                    return i, i, None
+                self._thinking = True
+            elif t in self._eos:
+                self._close_think(output)
+                return i + 1, i, None
+            output.append(t)
+            reason = stop(t, len(output))
+            if t == think.close_id:
+                self._offset = len(output)
+                return i + 1, i + 1, reason
+            if reason is not None:
+                return i + 1, i + 1, reason
+        if self._thinking and self._limit - len(output) <= self._answer_reserve():
+            self._close_think(output)
+        return len(token_ids), len(token_ids), None
+
+    def _close_think(self, output: list[int]) -> None:
+        assert self._think is not None
+        output.append(self._think.close_id)
+        self.counters.forced_tokens += 1
+        self._offset = len(output)
+
+    def _answer_reserve(self) -> int:
+        """Output tokens kept for the answer: its closing tag, its shortest complete form (with a
+        closer) and ``CLOSE_MARGIN`` for what it says; thinking stops there."""
+        if self._reserve < 0:
+            closing = self.matcher.closing() if self.matcher.closer is not None else None
+            self._reserve = 1 + (len(closing) if closing is not None else 0) + CLOSE_MARGIN
+        return self._reserve
+
+    def _answer_step(self, output: list[int], token_ids: list[int], logprobs: Logprobs | None, stop: Stop) -> Verdict:
+        """:meth:`step` over the answer (``output``: its tokens only)."""
         self._unchanged = len(output) + len(token_ids)
         new_token_ids, reason, error = self._append(output, token_ids, stop)
         self._unchanged = min(self._unchanged, len(output))
@@ -178,7 +286,9 @@ class OutputController:
         self._unchanged = min(self._unchanged, len(output))
 
     def _room(self, output: list[int]) -> int:
-        return self._limit - len(output)
+        """Tokens the answer ``output`` may still grow by."""
+        assert self._offset is not None
+        return self._limit - self._offset - len(output)
 
     def _append(
         self, output: list[int], token_ids: list[int], stop: Stop
@@ -193,7 +303,7 @@ class OutputController:
         for t in token_ids:
             output.append(t)
             appended.append(t)
-            reason = stop(t)
+            reason = stop(t, len(output))
             if not matcher.accept(t):
                 return appended, FinishReason.ERROR, matcher.rejection(t)
             if matcher.dead_end:  # t led where nothing can follow: take it back (checked output) or fail
