@@ -172,8 +172,8 @@ class SchedulerActor(Actor):
         self._inbox = inbox
         self.step_timeout_s = step_timeout_s
         self.step_timeout_factor = step_timeout_factor
-        # Monotonic start of the step in the executor, or of its update on a worker thread: the
-        # watchdog covers both, so an update stuck off the loop does not leave /health green.
+        # Monotonic start of the step in the executor, for the watchdog (which also covers the
+        # search thread's oldest batch: _searching), so nothing stuck off the loop leaves /health green.
         self._step_started: float | None = None
         self._recent_steps: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
         self.bitmask_filler = bitmask_filler  # structured output: fills masks while the model runs
@@ -240,7 +240,7 @@ class SchedulerActor(Actor):
 
     @property
     def in_step(self) -> bool:
-        """True while a step runs on the step thread, or its update on a worker thread."""
+        """True while a step runs on the step thread."""
         return self._step_started is not None
 
     def inbox_backlog(self) -> int:

@@ -9,9 +9,9 @@
 :meth:`BitmaskFiller.begin_step` only submits work and returns at once; the runner calls
 :meth:`StepBitmask.apply` after computing the logits, which waits for the fill (usually long
 done) and masks the constrained rows in place through the C++ kernel. Matchers are touched by
-the grammar thread only between ``begin_step`` and the runner's wait, and by the scheduler's
-update only after the step returned (on the event loop, or on a worker thread the scheduler waits
-for when the step has value-checked requests), so they need no lock.
+the grammar thread only between ``begin_step`` and the runner's wait, and by their controller's
+``step`` only after the step returned (on the event loop, or on the scheduler's search thread
+while the request sits out steps), so they need no lock.
 """
 
 from __future__ import annotations

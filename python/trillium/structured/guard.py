@@ -20,9 +20,10 @@ the token before it is rolled back and banned too (depth-first search, bounded b
   ever taken back,
 - the held tokens' logprobs.
 
-Not thread-safe: the scheduler's task owns it (on the event loop, or on the worker thread its
-update runs on while it waits: ``SchedulerActor._update``); the grammar thread reads the bans of a step's rows only
-while the step runs (``BitmaskFiller``), when nothing changes them.
+Not thread-safe: the request's controller owns it (on the event loop, or on the scheduler's
+search thread while the request sits out steps: ``SchedulerActor._update``); the grammar thread
+reads the bans of a step's rows only while the step runs (``BitmaskFiller``), when nothing
+changes them.
 """
 
 from __future__ import annotations
