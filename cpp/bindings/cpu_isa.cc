@@ -22,7 +22,7 @@ namespace trillium::bindings {
 void bind_cpu_isa(py::module_& m) {
   m.def(
       "kernel_isa", [] { return std::string(kernel_isa_name(kernel_isa())); },
-      "Instruction set the CPU kernels use now: 'avx512', 'avx2' or 'portable'.");
+      "Instruction set the CPU kernels use now: 'avx512vnni', 'avx512', 'avx2' or 'portable'.");
   m.def(
       "supported_kernel_isas",
       [] {

@@ -28,7 +28,10 @@ KernelIsa detect_best_isa() {
   if (!(osxsave && avx && os_saves_state(0x6))) return KernelIsa::kPortable;  // XMM and YMM state
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return KernelIsa::kPortable;
   const bool avx2 = b & (1u << 5), avx512f = b & (1u << 16), avx512bw = b & (1u << 30), avx512vl = b & (1u << 31);
-  if (avx2 && fma && avx512f && avx512bw && avx512vl && os_saves_state(0xe6)) return KernelIsa::kAvx512;  // + ZMM, k
+  const bool avx512vnni = c & (1u << 11);
+  if (avx2 && fma && avx512f && avx512bw && avx512vl && os_saves_state(0xe6)) {  // + ZMM, k
+    return avx512vnni ? KernelIsa::kAvx512Vnni : KernelIsa::kAvx512;
+  }
   if (avx2 && fma) return KernelIsa::kAvx2;
   return KernelIsa::kPortable;
 }
@@ -56,6 +59,7 @@ bool kernel_isa_supported(KernelIsa isa) {
     case KernelIsa::kPortable:
     case KernelIsa::kAvx2:
     case KernelIsa::kAvx512:
+    case KernelIsa::kAvx512Vnni:
       return static_cast<int32_t>(isa) <= static_cast<int32_t>(best_isa());
   }
   return false;
@@ -77,6 +81,8 @@ const char* kernel_isa_name(KernelIsa isa) {
       return "avx2";
     case KernelIsa::kAvx512:
       return "avx512";
+    case KernelIsa::kAvx512Vnni:
+      return "avx512vnni";
   }
   return "?";
 }
@@ -88,7 +94,7 @@ Status parse_kernel_isa(const char* name, KernelIsa* isa) {
       return Status::Ok();
     }
   }
-  return Status::InvalidArgument(std::string("unknown kernel ISA '") + name + "' (portable, avx2, avx512)");
+  return Status::InvalidArgument(std::string("unknown kernel ISA '") + name + "' (portable, avx2, avx512, avx512vnni)");
 }
 
 }  // namespace trillium

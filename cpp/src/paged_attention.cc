@@ -52,7 +52,7 @@ const IsaKernels& isa_kernels(KernelIsa isa) {
 #if defined(__x86_64__)
   static const IsaKernels avx2 = kernels::avx2_kernels();
   static const IsaKernels avx512 = kernels::avx512_kernels();
-  if (isa == KernelIsa::kAvx512) return avx512;
+  if (isa >= KernelIsa::kAvx512) return avx512;  // no VNNI loops: attention is fp32
   if (isa == KernelIsa::kAvx2) return avx2;
 #endif
   (void)isa;

@@ -206,6 +206,8 @@ const QuantLinearKernels& active_kernels() {
 #if defined(__x86_64__)
   static const QuantLinearKernels avx2 = kernels::quant_linear_avx2_kernels();
   static const QuantLinearKernels avx512 = kernels::quant_linear_avx512_kernels();
+  static const QuantLinearKernels avx512vnni = kernels::quant_linear_avx512vnni_kernels();
+  if (kernel_isa() == KernelIsa::kAvx512Vnni) return avx512vnni;
   if (kernel_isa() == KernelIsa::kAvx512) return avx512;
   if (kernel_isa() != KernelIsa::kPortable) return avx2;
 #endif

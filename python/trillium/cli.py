@@ -56,7 +56,7 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         default="auto",
         choices=list(WEIGHT_FORMATS),
         help="auto: run a GGUF file's quantized weights with the quantized kernel where this CPU can "
-        "(AVX2), with int16 activations under --precision auto on AVX2, else exact; quantized: fp32 "
+        "(AVX2, AVX-512), with int16 activations under --precision auto, else exact; quantized: fp32 "
         "activations (exact); quantized-int16: activations rounded to int16 per block (near-exact, "
         "faster); quantized-int8: to int8 (approximate, as llama.cpp); dense: dequantize at load",
     )

@@ -169,7 +169,7 @@ class EngineConfig:
     # e.g. tcp://*:5557, for vllm-router's kv_aware policy (cluster/kv_events.py). None: off.
     kv_events_endpoint: str | None = None
     # auto: keep a GGUF file's Q4_0/Q4_1/Q8_0 projections quantized where the C++ kernel runs them
-    # (AVX2 CPU), else dense; quantized: require that, fp32 activations (exact); quantized-int16:
+    # (AVX2 or AVX-512 CPU), else dense; quantized: require that, fp32 activations (exact); quantized-int16:
     # round activations to int16 per 32-block (near-exact, faster); quantized-int8: to int8
     # (llama.cpp's way: approximate); dense: always dequantize.
     weights: str = "auto"

@@ -89,9 +89,11 @@ def resolve_weights(config: EngineConfig, path: str) -> EngineConfig:
 
 def auto_quantized(config: EngineConfig) -> str:
     """The quantized ``--weights`` mode ``auto`` picks: int16 activations under ``--precision auto``
-    where they are measured faster than exact fp32 -- the AVX2 kernels (bench/RESULTS.md,
-    "int16 activations"; their quality: a mean KL divergence to exact of ~1e-6) -- else exact."""
-    if config.precision == "auto" and kernel_isa() == "avx2":
+    wherever a SIMD kernel runs them -- measured faster than exact fp32 on AVX2 and, with their
+    512-bit tiles, on AVX-512 with and without VNNI at every row count (bench/RESULTS.md, "int16
+    activations"; their quality: a mean KL divergence to exact of ~1e-7, the same bits on every
+    ISA) -- else (the portable loops, ``--precision exact``) exact."""
+    if config.precision == "auto" and kernel_isa() != "portable":
         return "quantized-int16"
     return "quantized"
 

@@ -301,6 +301,7 @@ int main() {
       run(bits, with_mins, 5, 19, 96, rng);
       run(bits, with_mins, 12, 33, 64, rng);
       run(bits, with_mins, 67, 40, 256, rng);
+      run(bits, with_mins, 9, 80, 64, rng);  // 2 whole tiles + a pair of groups: every 512-bit int16 tile
     }
   }
   for (int32_t bits : {4, 5, 6}) {

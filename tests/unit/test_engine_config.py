@@ -11,9 +11,9 @@ from trillium.models import default_model_path
 from trillium.models.registry import can_run_quantized
 from trillium.ops.cpu_isa import kernel_isa
 
-# What --weights auto keeps a quantized file as under --precision auto: int16 activations where
-# they are measured faster (the AVX2 kernels), exact fp32 elsewhere.
-AUTO_QUANTIZED = "quantized-int16" if kernel_isa() == "avx2" else "quantized"
+# What --weights auto keeps a quantized file as under --precision auto: int16 activations wherever
+# a SIMD kernel runs them, exact fp32 on the portable loops.
+AUTO_QUANTIZED = "quantized" if kernel_isa() == "portable" else "quantized-int16"
 
 
 @pytest.fixture(scope="module")

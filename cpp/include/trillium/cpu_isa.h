@@ -15,10 +15,13 @@
 namespace trillium {
 
 // Ordered worst to best: a level implies every level below it.
-enum class KernelIsa : int32_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+// kAvx512Vnni: AVX-512 with VNNI (vpdpwssd: the int16 dot product and its add in one instruction;
+// Ice Lake, Sapphire Rapids, Zen 4 and later).
+enum class KernelIsa : int32_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
 
 // Every level, worst first (for listing and for parsing names).
-inline constexpr KernelIsa kAllKernelIsas[] = {KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512};
+inline constexpr KernelIsa kAllKernelIsas[] = {KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512,
+                                               KernelIsa::kAvx512Vnni};
 
 // The level the kernels use now: the best supported one, unless set_kernel_isa() forced another.
 KernelIsa kernel_isa();
@@ -30,7 +33,7 @@ bool kernel_isa_supported(KernelIsa isa);
 // Not meant to be called while kernels run on other threads.
 Status set_kernel_isa(KernelIsa isa);
 
-// "portable", "avx2" or "avx512".
+// "portable", "avx2", "avx512" or "avx512vnni".
 const char* kernel_isa_name(KernelIsa isa);
 
 // The level named `name` (as kernel_isa_name spells it) into *isa; kInvalidArgument naming the

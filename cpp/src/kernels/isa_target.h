@@ -4,6 +4,7 @@
 //
 //   TRILLIUM_TARGET_AVX2_BEGIN      ... functions compiled for AVX2 + FMA ...     TRILLIUM_TARGET_END
 //   TRILLIUM_TARGET_AVX512_BEGIN    ... for AVX-512F/BW/VL (+ AVX2, FMA) ...      TRILLIUM_TARGET_END
+//   TRILLIUM_TARGET_AVX512VNNI_BEGIN ... the same + AVX512-VNNI ...                TRILLIUM_TARGET_END
 //
 // Rules for a region, so that no SIMD code leaks into functions the portable path shares:
 //   - include every header (std, <immintrin.h>, our own) BEFORE the region: an inline function
@@ -28,5 +29,6 @@
 
 #define TRILLIUM_TARGET_AVX2_BEGIN TRILLIUM_TARGET_BEGIN_("avx2,fma")
 #define TRILLIUM_TARGET_AVX512_BEGIN TRILLIUM_TARGET_BEGIN_("avx512f,avx512bw,avx512vl,avx2,fma")
+#define TRILLIUM_TARGET_AVX512VNNI_BEGIN TRILLIUM_TARGET_BEGIN_("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")
 
 #endif  // x86-64

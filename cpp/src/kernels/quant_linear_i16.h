@@ -1,7 +1,8 @@
 // Internal: the int16-activation path of the block-quantized linear layer (quant_linear.h,
 // "Activations"), written once with AVX2 intrinsics and compiled per ISA: quant_linear_<isa>.cc
 // includes it right after kernels/quant_linear_simd.h (whose quad_codes and scale_min it uses),
-// inside the same namespace and target region.
+// inside the same namespace and target region. The AVX-512 regions define TRILLIUM_QL_I16_ZMM
+// (512-bit tiles for whole tiles of groups) and, with VNNI, TRILLIUM_QL_VNNI (vpdpwssd).
 //
 // Why int16: a decode or prefill step of a quantized model spends its time turning codes into
 // fp32 weights (shift, mask, convert, fma: ~4 instructions a weight) before the fma that uses
@@ -27,6 +28,18 @@ inline int32_t load_i32_pair(const int16_t* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof v);
   return v;
+}
+
+// acc + the int16 pair products of a and b summed per 32-bit lane (pmaddwd, then paddd; one
+// vpdpwssd where the region is compiled with TRILLIUM_QL_VNNI). Both wrap the same way, and no
+// pair of products here can overflow (activation codes stop at +-32767, weight codes are small),
+// so the two are bit-identical.
+inline __m256i i16_dot(__m256i acc, __m256i a, __m256i b) {
+#if defined(TRILLIUM_QL_VNNI)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
 }
 
 // Quantize rows [row_begin, row_end) of x (see QuantActs16), AVX2.
@@ -174,8 +187,8 @@ void i16_tile(const QuantActs16& a, const QuantWeightView& w, int64_t r0, int64_
       const auto accumulate = [&](int jg, __m256i even, __m256i odd, const __m256i* x02, const __m256i* x13) {
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
-          dot[r * NG + jg] = _mm256_add_epi32(dot[r * NG + jg], _mm256_madd_epi16(even, x02[r]));
-          dot[r * NG + jg] = _mm256_add_epi32(dot[r * NG + jg], _mm256_madd_epi16(odd, x13[r]));
+          dot[r * NG + jg] = i16_dot(dot[r * NG + jg], even, x02[r]);
+          dot[r * NG + jg] = i16_dot(dot[r * NG + jg], odd, x13[r]);
         }
       };
       // Quads not unrolled (as in i16_panel_tile): unrolled, GCC hoisted every product of the
@@ -250,9 +263,10 @@ void i16_remainder(int64_t left, const QuantActs16& a, const QuantWeightView& w,
 
 // ------------------------------------------------------------------------ many rows: a panel
 // Past kI16DirectRows rows, one tile's codes are split into int16 pairs once, into a panel
-// [block][quad][group of the tile][even, odd][16 int16], with its scales and mins as fp32 lanes
+// [block][quad][even, odd][group of the tile][16 int16], with its scales and mins as fp32 lanes
 // [block][scale block][group][8]; register tiles of kI16PanelRows rows x 2 groups then read it
-// for every row. The same arithmetic per scale block as i16_tile, in the same order.
+// for every row. The same arithmetic per scale block as i16_tile, in the same order. Groups are
+// innermost so that two neighbours' codes, scales and mins are one 512-bit load (the zmm tiles).
 struct I16Panel {
   std::vector<int16_t> codes;  // per tile: nb * 8 * kQuantTileGroups * 2 vectors of 16
   std::vector<float> scales, mins;  // per tile: nb * scale blocks * kQuantTileGroups * 8
@@ -276,11 +290,11 @@ void i16_build_panel(const QuantWeightView& w, int64_t g0, int64_t ng, I16Panel&
     prefetch_codes<kRecordStride>(records + (b + kPrefetchBlocks) * kRecordStride);
     for (int64_t j = 0; j < ng; ++j) {
       const uint8_t* wb = records + b * kRecordStride + j * kBlockBytes;
-      int16_t* dst = panel.codes.data() + (b * 8 * kQuantTileGroups * 2 + j * 2) * 16;
+      int16_t* dst = panel.codes.data() + (b * 8 * kQuantTileGroups * 2 + j) * 16;
       constexpr int64_t kQuadStride = kQuantTileGroups * 2 * 16;
       const auto put = [&](int quad, __m256i even, __m256i odd) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + quad * kQuadStride), even);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + quad * kQuadStride + 16), odd);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + quad * kQuadStride + kQuantTileGroups * 16), odd);
       };
       if constexpr (BITS == 4) {
         for (int p = 0; p < 4; ++p) {
@@ -320,7 +334,7 @@ void i16_panel_tile(const QuantActs16& a, const I16Panel& panel, int64_t j0, int
 #pragma GCC unroll 16
   for (int i = 0; i < MR * NG; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const int16_t* pb = panel.codes.data() + (b * 8 * kQuantTileGroups * 2 + j0 * 2) * 16;
+    const int16_t* pb = panel.codes.data() + (b * 8 * kQuantTileGroups * 2 + j0) * 16;
 #pragma GCC unroll 2
     for (int s = 0; s < kScaleBlocks; ++s) {
       __m256i dot[MR * NG];
@@ -333,9 +347,9 @@ void i16_panel_tile(const QuantActs16& a, const I16Panel& panel, int64_t j0, int
         __m256i even[NG], odd[NG];
 #pragma GCC unroll 4
         for (int jg = 0; jg < NG; ++jg) {
-          const int16_t* at = pb + (quad * kQuantTileGroups * 2 + jg * 2) * 16;
+          const int16_t* at = pb + (quad * kQuantTileGroups * 2 + jg) * 16;
           even[jg] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
-          odd[jg] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 16));
+          odd[jg] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + kQuantTileGroups * 16));
         }
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
@@ -344,8 +358,8 @@ void i16_panel_tile(const QuantActs16& a, const I16Panel& panel, int64_t j0, int
           const __m256i x13 = _mm256_set1_epi32(load_i32_pair(xq + 2));
 #pragma GCC unroll 4
           for (int jg = 0; jg < NG; ++jg) {
-            dot[r * NG + jg] = _mm256_add_epi32(dot[r * NG + jg], _mm256_madd_epi16(even[jg], x02));
-            dot[r * NG + jg] = _mm256_add_epi32(dot[r * NG + jg], _mm256_madd_epi16(odd[jg], x13));
+            dot[r * NG + jg] = i16_dot(dot[r * NG + jg], even[jg], x02);
+            dot[r * NG + jg] = i16_dot(dot[r * NG + jg], odd[jg], x13);
           }
         }
       }
@@ -372,6 +386,250 @@ void i16_panel_rows(const QuantActs16& a, const I16Panel& panel, int64_t j0, int
   for (; r < row_end; ++r) i16_panel_tile<1, NG, BITS>(a, panel, j0, r, n0, N, bias, out, out_stride);
 }
 
+#if defined(TRILLIUM_QL_I16_ZMM)
+// --------------------------------------------------- many rows at 512 bits (AVX-512 regions)
+// i16_panel_tile with each vector holding a pair of neighbouring groups (16 output features: the
+// panel keeps their codes, scales and mins side by side). Every lane runs the same integer dot and
+// the same fp32 steps in the same order as the 256-bit tile, so the results are bit-identical;
+// each instruction does twice the work, which is what a prefill or a many-stream decode step,
+// bound by these dots, needs. Written for the AVX-512 regions only (store_pair:
+// quant_linear_zmm.h, included before this header there).
+
+inline __m512i i16_dot_zmm(__m512i acc, __m512i a, __m512i b) {
+#if defined(TRILLIUM_QL_VNNI)
+  return _mm512_dpwssd_epi32(acc, a, b);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+// MR rows x NP pairs (groups j0 .. j0 + 2 NP - 1 of the panel's tile) over all of K.
+template <int MR, int NP, int BITS>
+void i16_panel_tile_zmm(const QuantActs16& a, const I16Panel& panel, int64_t j0, int64_t r0, int64_t n0, int64_t N,
+                        const float* bias, float* out, int64_t out_stride) {
+  const int64_t nb = a.blocks, K = a.in_features;
+  constexpr int kScaleBlocks = static_cast<int>(quant_scale_blocks(BITS));
+  constexpr int kQuadsPerScale = 8 / kScaleBlocks;
+  constexpr int64_t kScaleStride = kScaleBlocks * kQuantTileGroups * kQuantGroupCols;
+  __m512 acc[MR * NP];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR * NP; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int16_t* pb = panel.codes.data() + (b * 8 * kQuantTileGroups * 2 + j0) * 16;
+#pragma GCC unroll 2
+    for (int s = 0; s < kScaleBlocks; ++s) {
+      __m512i dot[MR * NP];
+#pragma GCC unroll 16
+      for (int i = 0; i < MR * NP; ++i) dot[i] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+      for (int quad = s * kQuadsPerScale; quad < (s + 1) * kQuadsPerScale; ++quad) {
+        __m512i even[NP], odd[NP];
+#pragma GCC unroll 2
+        for (int p = 0; p < NP; ++p) {
+          const int16_t* at = pb + (quad * kQuantTileGroups * 2 + 2 * p) * 16;
+          even[p] = _mm512_loadu_si512(at);
+          odd[p] = _mm512_loadu_si512(at + kQuantTileGroups * 16);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+          const int16_t* xq = a.codes + (r0 + r) * K + b * kQuantBlock + quad * 4;
+          const __m512i x02 = _mm512_set1_epi32(load_i32_pair(xq));
+          const __m512i x13 = _mm512_set1_epi32(load_i32_pair(xq + 2));
+#pragma GCC unroll 2
+          for (int p = 0; p < NP; ++p) {
+            dot[r * NP + p] = i16_dot_zmm(dot[r * NP + p], even[p], x02);
+            dot[r * NP + p] = i16_dot_zmm(dot[r * NP + p], odd[p], x13);
+          }
+        }
+      }
+      // add_scale_block's fp32 step, a pair of groups per vector.
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const int64_t row = r0 + r;
+        const __m512 sx = _mm512_set1_ps(a.scale[row * nb + b]);
+        const __m512 ss = _mm512_set1_ps(kScaleBlocks == 2 ? a.scaled_sum16[row * 2 * nb + 2 * b + s]
+                                                           : a.scaled_sum32[row * nb + b]);
+#pragma GCC unroll 2
+        for (int p = 0; p < NP; ++p) {
+          const int64_t lane = b * kScaleStride + s * kQuantTileGroups * kQuantGroupCols + (j0 + 2 * p) * kQuantGroupCols;
+          const __m512 d = _mm512_loadu_ps(panel.scales.data() + lane), m = _mm512_loadu_ps(panel.mins.data() + lane);
+          acc[r * NP + p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r * NP + p]), _mm512_mul_ps(d, sx), acc[r * NP + p]);
+          acc[r * NP + p] = _mm512_fmadd_ps(m, ss, acc[r * NP + p]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    float* dst = out + (r0 + r) * out_stride;
+#pragma GCC unroll 2
+    for (int p = 0; p < NP; ++p) store_pair(acc[r * NP + p], bias, dst, n0 + p * 2 * kQuantGroupCols, N);
+  }
+}
+
+// The direct path at 512 bits: MR rows x one whole tile (2 pairs of groups) over all of K, codes
+// read straight from the records (a pair's two records are neighbours: one 64-byte load).
+
+// split_pairs / split_pairs_q4 on a pair of groups.
+template <int BITS>
+inline void split_pairs_zmm(__m512i q, __m512i* even, __m512i* odd) {
+  if constexpr (BITS == 8) {
+    *even = _mm512_srai_epi16(_mm512_slli_epi16(q, 8), 8);
+    *odd = _mm512_srai_epi16(q, 8);
+  } else {
+    *even = _mm512_and_si512(q, _mm512_set1_epi16(0x00FF));
+    *odd = _mm512_srli_epi16(q, 8);
+  }
+}
+
+inline void split_pairs_q4_zmm(const uint8_t* a, const uint8_t* b, int p, __m512i* even_lo, __m512i* odd_lo,
+                               __m512i* even_hi, __m512i* odd_hi) {
+  const __m512i v = load_pair(a + p * 32, b + p * 32);
+  const __m512i nib = _mm512_set1_epi16(0x000F);
+  *even_lo = _mm512_and_si512(v, nib);
+  *odd_lo = _mm512_and_si512(_mm512_srli_epi16(v, 8), nib);
+  *even_hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+  *odd_hi = _mm512_srli_epi16(v, 12);
+}
+
+// Two groups' 8 lanes as one vector: `lo` in the low half.
+inline __m512 join_halves(__m256 lo, __m256 hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+}
+
+template <int MR, int BITS>
+void i16_tile_zmm(const QuantActs16& a, const QuantWeightView& w, int64_t r0, int64_t g0, const float* bias, float* out,
+                  int64_t out_stride) {
+  const int64_t nb = a.blocks, K = a.in_features;
+  constexpr int64_t kBlockBytes = kQuantBlock * kQuantGroupCols * BITS / 8;
+  constexpr int kScaleBlocks = static_cast<int>(quant_scale_blocks(BITS));
+  constexpr int kQuadsPerScale = 8 / kScaleBlocks;
+  constexpr int64_t kRecordStride = kQuantTileGroups * kBlockBytes;
+  constexpr int64_t kScaleStride = kScaleBlocks * kQuantTileGroups * kQuantGroupCols;
+  const uint8_t* records = static_cast<const uint8_t*>(w.codes) + quant_record(g0, 0, nb) * kBlockBytes;
+  const int64_t scale0 = quant_scale_index(g0, 0, 0, nb, kScaleBlocks);
+  const int64_t super0 = w.sub_scales ? quant_super_index(g0, 0, nb) : 0;
+  const int64_t sub_mins = w.sub_scales && w.mins ? quant_sub_min_offset(w) : 0;
+  __m512 acc[MR * 2];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR * 2; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = records + b * kRecordStride;
+    prefetch_codes<kRecordStride>(wb + kPrefetchBlocks * kRecordStride);
+    const int16_t* xb = a.codes + r0 * K + b * kQuantBlock;
+#pragma GCC unroll 2
+    for (int s = 0; s < kScaleBlocks; ++s) {
+      __m512i dot[MR * 2];
+#pragma GCC unroll 16
+      for (int i = 0; i < MR * 2; ++i) dot[i] = _mm512_setzero_si512();
+      // Row r's activation pair at k offset `at` of the block, broadcast (an embedded broadcast
+      // operand of vpdpwssd: no register held per row).
+      const auto x_pair = [&](int r, int at) { return _mm512_set1_epi32(load_i32_pair(xb + r * K + at)); };
+      if constexpr (BITS == 4) {
+#pragma GCC unroll 1
+        for (int p = 0; p < 4; ++p) {
+#pragma GCC unroll 2
+          for (int q = 0; q < 2; ++q) {
+            __m512i even_lo, odd_lo, even_hi, odd_hi;
+            split_pairs_q4_zmm(wb + 2 * q * kBlockBytes, wb + (2 * q + 1) * kBlockBytes, p, &even_lo, &odd_lo, &even_hi,
+                               &odd_hi);
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) {
+              __m512i& d = dot[r * 2 + q];
+              d = i16_dot_zmm(d, even_lo, x_pair(r, p * 4));
+              d = i16_dot_zmm(d, odd_lo, x_pair(r, p * 4 + 2));
+              d = i16_dot_zmm(d, even_hi, x_pair(r, (p + 4) * 4));
+              d = i16_dot_zmm(d, odd_hi, x_pair(r, (p + 4) * 4 + 2));
+            }
+          }
+        }
+      } else {
+#pragma GCC unroll 1
+        for (int quad = s * kQuadsPerScale; quad < (s + 1) * kQuadsPerScale; ++quad) {
+#pragma GCC unroll 2
+          for (int q = 0; q < 2; ++q) {
+            __m512i even, odd;
+            split_pairs_zmm<BITS>(quad_codes_pair<BITS>(wb + 2 * q * kBlockBytes, wb + (2 * q + 1) * kBlockBytes, quad),
+                                  &even, &odd);
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) {
+              dot[r * 2 + q] = i16_dot_zmm(dot[r * 2 + q], even, x_pair(r, quad * 4));
+              dot[r * 2 + q] = i16_dot_zmm(dot[r * 2 + q], odd, x_pair(r, quad * 4 + 2));
+            }
+          }
+        }
+      }
+      __m512 d[2], m[2];
+#pragma GCC unroll 2
+      for (int q = 0; q < 2; ++q) {
+        __m256 d_lo, m_lo, d_hi, m_hi;
+        const int64_t at = scale0 + b * kScaleStride + s * kQuantTileGroups * kQuantGroupCols + 2 * q * kQuantGroupCols;
+        const int64_t sup = super0 + (b / kSuperBlocks) * kQuantTileGroups * kQuantGroupCols + 2 * q * kQuantGroupCols;
+        scale_min_at<BITS>(w, at, sup, sub_mins, &d_lo, &m_lo);
+        scale_min_at<BITS>(w, at + kQuantGroupCols, sup + kQuantGroupCols, sub_mins, &d_hi, &m_hi);
+        d[q] = join_halves(d_lo, d_hi);
+        m[q] = join_halves(m_lo, m_hi);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const int64_t row = r0 + r;
+        const __m512 sx = _mm512_set1_ps(a.scale[row * nb + b]);
+        const __m512 ss = _mm512_set1_ps(kScaleBlocks == 2 ? a.scaled_sum16[row * 2 * nb + 2 * b + s]
+                                                           : a.scaled_sum32[row * nb + b]);
+#pragma GCC unroll 2
+        for (int q = 0; q < 2; ++q) {
+          acc[r * 2 + q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r * 2 + q]), _mm512_mul_ps(d[q], sx), acc[r * 2 + q]);
+          acc[r * 2 + q] = _mm512_fmadd_ps(m[q], ss, acc[r * 2 + q]);
+        }
+      }
+    }
+  }
+  const int64_t n0 = g0 * kQuantGroupCols;
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    float* dst = out + (r0 + r) * out_stride;
+    store_pair(acc[r * 2], bias, dst, n0, w.out_features);
+    store_pair(acc[r * 2 + 1], bias, dst, n0 + 2 * kQuantGroupCols, w.out_features);
+  }
+}
+
+// Rows [row_begin, row_end) of one whole tile, direct, in tiles of up to kI16ZmmRows rows.
+template <int BITS>
+void i16_direct_zmm(const QuantActs16& a, const QuantWeightView& w, int64_t row_begin, int64_t row_end, int64_t g0,
+                    const float* bias, float* out, int64_t out_stride) {
+  static_assert(kI16ZmmRows <= 6, "the switch below covers up to 6 rows a tile");
+  for (int64_t r = row_begin; r < row_end; r += kI16ZmmRows) {
+    switch (std::min<int64_t>(kI16ZmmRows, row_end - r)) {
+      case 6: i16_tile_zmm<6, BITS>(a, w, r, g0, bias, out, out_stride); break;
+      case 5: i16_tile_zmm<5, BITS>(a, w, r, g0, bias, out, out_stride); break;
+      case 4: i16_tile_zmm<4, BITS>(a, w, r, g0, bias, out, out_stride); break;
+      case 3: i16_tile_zmm<3, BITS>(a, w, r, g0, bias, out, out_stride); break;
+      case 2: i16_tile_zmm<2, BITS>(a, w, r, g0, bias, out, out_stride); break;
+      default: i16_tile_zmm<1, BITS>(a, w, r, g0, bias, out, out_stride); break;
+    }
+  }
+}
+
+// Rows [row_begin, row_end) in tiles of kI16PanelRows rows, the rest in one shorter tile.
+template <int NP, int BITS>
+void i16_panel_rows_zmm(const QuantActs16& a, const I16Panel& panel, int64_t j0, int64_t row_begin, int64_t row_end,
+                        int64_t n0, int64_t N, const float* bias, float* out, int64_t out_stride) {
+  int64_t r = row_begin;
+  for (; r + kI16PanelRows <= row_end; r += kI16PanelRows) {
+    i16_panel_tile_zmm<kI16PanelRows, NP, BITS>(a, panel, j0, r, n0, N, bias, out, out_stride);
+  }
+  static_assert(kI16PanelRows <= 6, "the remainder switch below covers up to 5 rows");
+  switch (row_end - r) {
+    case 5: i16_panel_tile_zmm<5, NP, BITS>(a, panel, j0, r, n0, N, bias, out, out_stride); break;
+    case 4: i16_panel_tile_zmm<4, NP, BITS>(a, panel, j0, r, n0, N, bias, out, out_stride); break;
+    case 3: i16_panel_tile_zmm<3, NP, BITS>(a, panel, j0, r, n0, N, bias, out, out_stride); break;
+    case 2: i16_panel_tile_zmm<2, NP, BITS>(a, panel, j0, r, n0, N, bias, out, out_stride); break;
+    case 1: i16_panel_tile_zmm<1, NP, BITS>(a, panel, j0, r, n0, N, bias, out, out_stride); break;
+    default: break;
+  }
+}
+#endif  // TRILLIUM_QL_I16_ZMM
+
 template <int BITS>
 void gemm_i16_bits(const QuantActs16& a, const QuantWeightView& w, int64_t row_begin, int64_t row_end,
                    int64_t group_begin, int64_t group_end, const float* bias, float* out, int64_t out_stride) {
@@ -380,7 +638,19 @@ void gemm_i16_bits(const QuantActs16& a, const QuantWeightView& w, int64_t row_b
     for (int64_t g = group_begin; g < group_end; g += kQuantTileGroups) {
       const int64_t ng = std::min<int64_t>(kQuantTileGroups, group_end - g);
       i16_build_panel<BITS>(w, g, ng, panel);
-      for (int64_t j = 0; j < ng; j += 2) {
+      int64_t j = 0;
+#if defined(TRILLIUM_QL_I16_ZMM)
+      const int64_t n_tile = g * kQuantGroupCols;
+      if (ng == kQuantTileGroups) {
+        i16_panel_rows_zmm<2, BITS>(a, panel, 0, row_begin, row_end, n_tile, w.out_features, bias, out, out_stride);
+        j = ng;
+      }
+      for (; j + 2 <= ng; j += 2) {
+        const int64_t n0 = (g + j) * kQuantGroupCols;
+        i16_panel_rows_zmm<1, BITS>(a, panel, j, row_begin, row_end, n0, w.out_features, bias, out, out_stride);
+      }
+#endif
+      for (; j < ng; j += 2) {
         const int64_t n0 = (g + j) * kQuantGroupCols;
         if (j + 1 < ng) {
           i16_panel_rows<2, BITS>(a, panel, j, row_begin, row_end, n0, w.out_features, bias, out, out_stride);
@@ -391,6 +661,12 @@ void gemm_i16_bits(const QuantActs16& a, const QuantWeightView& w, int64_t row_b
     }
     return;
   }
+#if defined(TRILLIUM_QL_I16_ZMM)
+  if (group_end - group_begin == kQuantTileGroups && group_begin % kQuantTileGroups == 0) {
+    i16_direct_zmm<BITS>(a, w, row_begin, row_end, group_begin, bias, out, out_stride);
+    return;
+  }
+#endif
   int64_t r = row_begin;
   for (; r + kI16Rows <= row_end; r += kI16Rows) {
     i16_rows<kI16Rows, BITS>(a, w, r, group_begin, group_end, bias, out, out_stride);

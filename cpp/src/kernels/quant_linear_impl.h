@@ -64,6 +64,7 @@ QuantLinearKernels quant_linear_portable_kernels();
 #if defined(__x86_64__)
 QuantLinearKernels quant_linear_avx2_kernels();
 QuantLinearKernels quant_linear_avx512_kernels();  // the same loops, 32 registers: bigger register tiles
+QuantLinearKernels quant_linear_avx512vnni_kernels();  // the same again, int16 dots as vpdpwssd
 #endif
 
 // Index of the record (group g, block b) in the packed layout (quant_linear.h), nb = K / 32:

@@ -1,6 +1,6 @@
 """The instruction set the CPU kernels run on (cpp/include/trillium/cpu_isa.h), by name.
 
-One level -- ``'portable'``, ``'avx2'`` or ``'avx512'`` -- is detected once from the running CPU
+One level -- ``'portable'``, ``'avx2'``, ``'avx512'`` or ``'avx512vnni'`` -- is detected once from the running CPU
 and used by every kernel family; forcing another is for tests and benchmarks.
 """
 
