@@ -169,6 +169,20 @@ def read_peers(data: dict) -> Iterator[Row]:
             continue
         for row in result.get("rows", []):
             ours = trillium.get(row["concurrency"])
+            if prefill and ours and not row.get(metric) and row.get("ttft_p50_ms") and ours.get("ttft_p50_ms"):
+                # vLLM's client reports no prompt tok/s: a prefill run is read as its TTFT.
+                ratio = ours["ttft_p50_ms"] / row["ttft_p50_ms"]
+                n = row["concurrency"]
+                yield Row(
+                    "peers",
+                    f"trillium ÷ {peer}, TTFT p50 (lower: trillium faster)",
+                    f"{model}; {', '.join(workload)}",
+                    f"{n} stream{'s' if n != 1 else ''}",
+                    f"{ratio:.2f}x ({ours['ttft_p50_ms']:.0f} vs {row['ttft_p50_ms']:.0f} ms)",
+                    ratio,
+                    (n,),
+                )
+                continue
             if not ours or not row.get(metric):
                 continue
             ratio = ours[metric] / row[metric]

@@ -373,9 +373,13 @@ def compare(args) -> None:
             print(f"== {engine} answers on {base_url} with {model}", file=sys.stderr, flush=True)
             idle_rss = rss_mib(proc.pid)
             result_file = args.out.replace(".json", f".{engine}.json")
+            # The engine's command line, its dtype spelt out: a reader checks the run was fair
+            # (DESIGN.md section 8: vLLM in bf16 where the CPU has native bf16, fp32 elsewhere).
+            started = {"command": cmd, **({"dtype": vllm_dtype()} if engine == "vllm" else {})}
             if args.client == "vllm":
                 results[engine] = vllm_client(args, base_url, model, engine, result_file)
                 results[engine]["memory"] = {"rss_idle_mib": idle_rss, "rss_peak_mib": rss_mib(proc.pid, "VmHWM")}
+                results[engine]["started"] = started
                 continue
             bench = [
                 PY,
@@ -400,6 +404,7 @@ def compare(args) -> None:
                 results[engine] = json.load(f)
             results[engine]["memory"] = {"rss_idle_mib": idle_rss, "rss_peak_mib": rss_mib(proc.pid, "VmHWM")}
             results[engine]["memory"]["kv_pool_mib"] = kv_pool_mib(engine, args.model, slots)
+            results[engine]["started"] = started
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             try:

@@ -10,6 +10,7 @@ shape's code width (6: Q6_K's).
 
     python bench/kernels/quant_linear.py            # full table
     python bench/kernels/quant_linear.py --quick    # smoke mode (seconds)
+    python bench/kernels/quant_linear.py --isa avx512 --rows 1 6 32 256   # without VNNI
 """
 
 from __future__ import annotations
@@ -59,7 +60,12 @@ def main() -> None:
     parser.add_argument("--model", choices=["smollm2-135m", "qwen2.5-1.5b"], default="smollm2-135m")
     parser.add_argument("--bits", type=int, choices=[4, 5, 6, 8], default=None, help="every shape's code width")
     parser.add_argument("--ops", nargs="*", default=None, help="only these ops (default: all)")
+    parser.add_argument(
+        "--isa", default=None, help="force a kernel ISA (avx2, avx512, avx512vnni; default: the best here)"
+    )
     args = parser.parse_args()
+    if args.isa:
+        _core.set_kernel_isa(args.isa)
     shapes = SHAPES_1_5B if args.model == "qwen2.5-1.5b" else SHAPES
     shapes = shapes[:2] if args.quick else shapes
     if args.bits:
