@@ -8,6 +8,11 @@ engines alternating round by round (a shared machine drifts; the best round of e
 One JSON object: per batch size, each mode's best decode ms per step and tokens/s, the prefill
 tokens/s of ``--prompt-tokens``-word prompts of random common words (one per stream), and int16 / exact ratios;
 with the machine record (bench/machine.py).
+
+Caveat: two engines in one process are two step threads, so two OpenMP teams on the same cores;
+libgomp then cuts its spin-wait, which distorts 1-row steps. On a 2-core Zen 5 this reported int16
+at 0.77x exact at batch 1 where one process per mode measured 1.11x
+(bench/history/2026-12-02-int16-on-avx512-and-the-zen5-targets.md): trust its many-row figures.
 """
 
 from __future__ import annotations
