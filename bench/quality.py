@@ -144,9 +144,12 @@ def load(path: str, mode: str) -> tuple[Runner | None, str | None]:
     return Runner(model, kv_dtype), None
 
 
-def llama_perplexity(binary: str, model: str, text_path: str, threads: int) -> dict:
-    """llama.cpp's own perplexity of the same file on the same text (its tokenizer, 512 context)."""
+def llama_perplexity(binary: str, model: str, text_path: str, threads: int, chunks: int = 0) -> dict:
+    """llama.cpp's own perplexity of the same file on the same text (its tokenizer, 512 context);
+    ``chunks`` > 0: only the first that many 512-token windows, as ``--windows`` scores ours."""
     cmd = [binary, "-m", model, "-f", text_path, "-c", str(WINDOW), "-b", str(WINDOW), "-t", str(threads)]
+    if chunks > 0:
+        cmd += ["--chunks", str(chunks)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     match = re.search(r"Final estimate: PPL = ([0-9.]+)", out.stdout + out.stderr)
     if match is None:
@@ -232,7 +235,7 @@ def main() -> None:
         "modes": results,
     }
     if args.llama_perplexity:
-        record["llama.cpp"] = llama_perplexity(args.llama_perplexity, path, args.text, args.threads)
+        record["llama.cpp"] = llama_perplexity(args.llama_perplexity, path, args.text, args.threads, args.windows)
     print(json.dumps(record, indent=1))
     print(f"\n{'mode':<16}{'path':<9}{'ppl':>9}{'x exact':>9}{'KLD':>10}{'top1':>8}  contract", file=sys.stderr)
     for mode, entry in results.items():
