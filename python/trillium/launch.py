@@ -36,6 +36,7 @@ from trillium.runtime import (
     Actor,
     open_inbox,
 )
+from trillium.runtime.memory import return_freed_memory
 from trillium.scheduler import SchedulerConfig
 from trillium.scheduler.actor import SchedulerActor
 from trillium.scheduler.kv_manager import KVBlockManager, cache_namespace
@@ -149,6 +150,7 @@ class Engine:
         # Building the actors ran torch ops here (the structured-output bitmask buffer); drop the
         # OpenMP team they may have started on this thread, so the step thread's is the only one.
         _core.release_openmp_threads()
+        return_freed_memory()  # the load's temporary buffers (runtime/memory.py)
 
     def close(self) -> None:
         """End the step thread and the KV-event publisher (the actors must have stopped)."""
