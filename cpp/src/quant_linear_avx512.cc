@@ -1,8 +1,7 @@
 // Block-quantized linear layer for x86-64 with AVX-512 (F, BW, VL): kernels/quant_linear_avx512_body.h
-// compiled inside the AVX-512 target
-// region (kernels/isa_target.h); every header comes first so no AVX-512 code leaks into shared inline
-// functions. Called only when kernel_isa() is kAvx512 (quant_linear.cc
-// dispatches; trillium/cpu_isa.h detects the CPU).
+// compiled inside the target region (kernels/isa_target.h); every header comes first so no SIMD
+// code leaks into shared inline functions. Called only when kernel_isa() is kAvx512
+// (quant_linear.cc dispatches; trillium/cpu_isa.h detects the CPU).
 #if defined(__x86_64__)
 
 #include <immintrin.h>

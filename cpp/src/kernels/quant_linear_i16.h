@@ -403,6 +403,25 @@ inline __m512i i16_dot_zmm(__m512i acc, __m512i a, __m512i b) {
 #endif
 }
 
+// add_scale_block for MR rows x NP pairs of groups, d and m of pair p in d[p], m[p].
+template <int MR, int NP, int kScaleBlocks>
+inline void add_scale_block_zmm(const QuantActs16& a, int64_t r0, int64_t b, int s, const __m512i* dot,
+                                const __m512* d, const __m512* m, __m512* acc) {
+  const int64_t nb = a.blocks;
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    const int64_t row = r0 + r;
+    const __m512 sx = _mm512_set1_ps(a.scale[row * nb + b]);
+    const __m512 ss = _mm512_set1_ps(kScaleBlocks == 2 ? a.scaled_sum16[row * 2 * nb + 2 * b + s]
+                                                       : a.scaled_sum32[row * nb + b]);
+#pragma GCC unroll 2
+    for (int p = 0; p < NP; ++p) {
+      acc[r * NP + p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r * NP + p]), _mm512_mul_ps(d[p], sx), acc[r * NP + p]);
+      acc[r * NP + p] = _mm512_fmadd_ps(m[p], ss, acc[r * NP + p]);
+    }
+  }
+}
+
 // MR rows x NP pairs (groups j0 .. j0 + 2 NP - 1 of the panel's tile) over all of K.
 template <int MR, int NP, int BITS>
 void i16_panel_tile_zmm(const QuantActs16& a, const I16Panel& panel, int64_t j0, int64_t r0, int64_t n0, int64_t N,
@@ -442,21 +461,14 @@ void i16_panel_tile_zmm(const QuantActs16& a, const I16Panel& panel, int64_t j0,
           }
         }
       }
-      // add_scale_block's fp32 step, a pair of groups per vector.
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        const int64_t row = r0 + r;
-        const __m512 sx = _mm512_set1_ps(a.scale[row * nb + b]);
-        const __m512 ss = _mm512_set1_ps(kScaleBlocks == 2 ? a.scaled_sum16[row * 2 * nb + 2 * b + s]
-                                                           : a.scaled_sum32[row * nb + b]);
+      __m512 d[NP], m[NP];
 #pragma GCC unroll 2
-        for (int p = 0; p < NP; ++p) {
-          const int64_t lane = b * kScaleStride + s * kQuantTileGroups * kQuantGroupCols + (j0 + 2 * p) * kQuantGroupCols;
-          const __m512 d = _mm512_loadu_ps(panel.scales.data() + lane), m = _mm512_loadu_ps(panel.mins.data() + lane);
-          acc[r * NP + p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r * NP + p]), _mm512_mul_ps(d, sx), acc[r * NP + p]);
-          acc[r * NP + p] = _mm512_fmadd_ps(m, ss, acc[r * NP + p]);
-        }
+      for (int p = 0; p < NP; ++p) {
+        const int64_t lane = b * kScaleStride + s * kQuantTileGroups * kQuantGroupCols + (j0 + 2 * p) * kQuantGroupCols;
+        d[p] = _mm512_loadu_ps(panel.scales.data() + lane);
+        m[p] = _mm512_loadu_ps(panel.mins.data() + lane);
       }
+      add_scale_block_zmm<MR, NP, kScaleBlocks>(a, r0, b, s, dot, d, m, acc);
     }
   }
 #pragma GCC unroll 8
@@ -570,18 +582,7 @@ void i16_tile_zmm(const QuantActs16& a, const QuantWeightView& w, int64_t r0, in
         d[q] = join_halves(d_lo, d_hi);
         m[q] = join_halves(m_lo, m_hi);
       }
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        const int64_t row = r0 + r;
-        const __m512 sx = _mm512_set1_ps(a.scale[row * nb + b]);
-        const __m512 ss = _mm512_set1_ps(kScaleBlocks == 2 ? a.scaled_sum16[row * 2 * nb + 2 * b + s]
-                                                           : a.scaled_sum32[row * nb + b]);
-#pragma GCC unroll 2
-        for (int q = 0; q < 2; ++q) {
-          acc[r * 2 + q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r * 2 + q]), _mm512_mul_ps(d[q], sx), acc[r * 2 + q]);
-          acc[r * 2 + q] = _mm512_fmadd_ps(m[q], ss, acc[r * 2 + q]);
-        }
-      }
+      add_scale_block_zmm<MR, 2, kScaleBlocks>(a, r0, b, s, dot, d, m, acc);
     }
   }
   const int64_t n0 = g0 * kQuantGroupCols;
